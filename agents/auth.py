@@ -1,0 +1,52 @@
+"""DRF authentication by agent key: `Authorization: Bearer qs_...`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import authentication, exceptions
+from rest_framework.request import Request
+
+from agents.keys import KEY_PREFIX, find_agent_key
+from agents.models import Agent, AgentKey
+
+
+class AgentPrincipal:
+    """The request.user of a call made with an agent key: an agent, not a person."""
+
+    is_authenticated = True
+    is_anonymous = False
+    is_active = True
+    is_staff = False
+    is_superuser = False
+    pk = None
+
+    def __init__(self, key: AgentKey) -> None:
+        self.key = key
+        self.agent: Agent = key.agent
+
+    def __str__(self) -> str:
+        return f"agent:{self.agent.name}"
+
+    def has_perm(self, perm: str, obj: Any = None) -> bool:
+        return False
+
+
+class AgentKeyAuthentication(authentication.BaseAuthentication):
+    keyword = "Bearer"
+
+    def authenticate(self, request: Request) -> tuple[AgentPrincipal, AgentKey] | None:
+        header = authentication.get_authorization_header(request).decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        if scheme != self.keyword:
+            return None
+        token = token.strip()
+        if not token.startswith(KEY_PREFIX):
+            return None  # not ours: leave it to another authenticator
+        key = find_agent_key(token)
+        if key is None:
+            raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
+        return AgentPrincipal(key), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return self.keyword

@@ -1,0 +1,54 @@
+"""Agent API keys: issue one (the secret is shown once), look one up from a bearer token.
+
+A key reads `qs_<prefix>_<secret>`. The prefix finds the row; the secret is
+compared by its SHA-256 in constant time. Keys are 256-bit random, so a plain
+hash is enough; a slow password hash would only slow every API call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+
+from django.db import transaction
+from django.utils import timezone
+
+from agents.models import Agent, AgentKey
+
+KEY_PREFIX = "qs_"
+
+
+def _hash_secret(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+@transaction.atomic
+def create_agent_key(*, agent: Agent, label: str = "") -> tuple[AgentKey, str]:
+    """Issue a key for `agent`; returns the row and the plaintext key (never stored)."""
+    prefix = secrets.token_hex(6)
+    secret = secrets.token_urlsafe(32)
+    key = AgentKey.objects.create(agent=agent, prefix=prefix, secret_hash=_hash_secret(secret), label=label)
+    return key, f"{KEY_PREFIX}{prefix}_{secret}"
+
+
+def find_agent_key(raw: str) -> AgentKey | None:
+    """The active key a bearer token names, or None when it is unknown, revoked or wrong."""
+    if not raw.startswith(KEY_PREFIX):
+        return None
+    prefix, sep, secret = raw[len(KEY_PREFIX) :].partition("_")
+    if not sep or not prefix or not secret:
+        return None
+    key = AgentKey.objects.select_related("agent").filter(prefix=prefix, revoked_at__isnull=True).first()
+    if key is None or not hmac.compare_digest(key.secret_hash, _hash_secret(secret)):
+        return None
+    return key
+
+
+def revoke_agent_key(*, key: AgentKey) -> None:
+    AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def get_or_create_agent(*, name: str, version: str = "1", description: str = "") -> Agent:
+    agent, _ = Agent.objects.get_or_create(name=name, defaults={"version": version, "description": description})
+    return agent

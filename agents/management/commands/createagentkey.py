@@ -1,0 +1,27 @@
+"""Issue an API key for an agent (creating the agent if needed); prints the key once."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils.text import slugify
+
+from agents.keys import create_agent_key, get_or_create_agent
+
+
+class Command(BaseCommand):
+    help = "Create an API key for AGENT and print it once. The agent is created if it does not exist."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("agent", help="Agent name, e.g. travel")
+        parser.add_argument("--label", default="", help="What the key is for, shown in key lists")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        name: str = options["agent"]
+        if slugify(name) != name:
+            raise CommandError(f"Agent names are lowercase slugs (letters, digits, '-'); got {name!r}")
+        agent = get_or_create_agent(name=name)
+        key, plaintext = create_agent_key(agent=agent, label=options["label"])
+        self.stderr.write(f"Key {key.prefix} created for agent {agent.name}. It is shown once; store it now.")
+        self.stdout.write(plaintext)

@@ -1,0 +1,206 @@
+"""Checkpoint-store benchmark: Quicksave vs LangGraph's PostgresSaver vs a raw-psycopg floor.
+
+Usage (from /work/main)::
+
+    .venv/bin/python bench/checkpoint_store.py                # sizes 100 and 1000
+    .venv/bin/python bench/checkpoint_store.py --steps 1000
+    .venv/bin/python bench/checkpoint_store.py --steps 100,1000 --steps 5000
+
+Every contender runs in this one process against one PostgreSQL server, inside
+the dedicated database ``quicksave_bench`` (see :mod:`bench.peers` for the
+workload, the measures and how the server is chosen).  For each size a table
+is printed, followed by ratio lines; the very last line printed is one JSON
+object with the figures for the largest size, for CI and the README.
+
+Quicksave's contenders plug in through :func:`run_quicksave`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from bench.peers import (  # noqa: E402
+    Result,
+    bench_conninfo,
+    ensure_bench_database,
+    print_table,
+    run_floor,
+    run_langgraph,
+    server_settings,
+)
+
+DEFAULT_SIZES: tuple[int, ...] = (100, 1000)
+
+
+# ==========================================================================
+# HOOK: Quicksave contenders -- wired by the lead.
+# Return one Result per Quicksave variant (name them "quicksave", or
+# "quicksave_<variant>"; their keys appear in the final JSON line as
+# "<name>_cps", "<name>_bytes_per_cp", ...).  Use bench.peers.workload(steps)
+# for the data and bench.peers.ensure_bench_database() for the database.
+# ==========================================================================
+def run_quicksave(steps: int) -> list[Result]:
+    """Run Quicksave's store over ``steps`` workload steps (not wired yet)."""
+    raise NotImplementedError("wired by the lead")
+
+
+Runner = Callable[[int], list[Result]]
+
+CONTENDERS: tuple[tuple[str, Runner], ...] = (
+    ("floor", lambda steps: [run_floor(steps)]),
+    ("langgraph", lambda steps: [run_langgraph(steps)]),
+    ("quicksave", run_quicksave),
+)
+
+
+def parse_sizes(values: Sequence[str] | None) -> list[int]:
+    """Parse repeated and/or comma-separated ``--steps`` values into sorted unique sizes."""
+    if not values:
+        return list(DEFAULT_SIZES)
+    sizes: set[int] = set()
+    for value in values:
+        for part in value.split(","):
+            part = part.strip().replace("_", "")
+            if not part:
+                continue
+            n = int(part)
+            if n < 2:
+                raise argparse.ArgumentTypeError(f"--steps must be >= 2, got {n}")
+            sizes.add(n)
+    return sorted(sizes)
+
+
+def run_size(steps: int) -> list[Result]:
+    """Run every contender at one size; a contender raising NotImplementedError is skipped."""
+    results: list[Result] = []
+    for label, runner in CONTENDERS:
+        try:
+            results.extend(runner(steps))
+        except NotImplementedError as exc:
+            print(f"[skip] {label} at {steps} steps: not implemented ({exc})", flush=True)
+    return results
+
+
+def _compare(value: float, base: float, *, higher_is_better: bool, good: str, bad: str) -> str:
+    """``"3.10x faster"`` / ``"2.00x slower"`` style comparison of ``value`` against ``base``."""
+    if value <= 0 or base <= 0:
+        return "n/a"
+    factor = value / base if higher_is_better else base / value
+    return f"{factor:.2f}x {good}" if factor >= 1 else f"{1 / factor:.2f}x {bad}"
+
+
+def ratio_lines(results: Sequence[Result]) -> list[str]:
+    """Human-readable comparisons of every contender against the floor and LangGraph."""
+    by_name = {r.name: r for r in results}
+    lines: list[str] = []
+    for base_name in ("floor", "langgraph"):
+        base = by_name.get(base_name)
+        if base is None:
+            continue
+        for r in results:
+            if r.name == base_name or (base_name == "langgraph" and r.name == "floor"):
+                continue
+            parts = [
+                "writes " + _compare(r.cps, base.cps, higher_is_better=True, good="faster", bad="slower"),
+                "storage "
+                + _compare(
+                    r.bytes_per_cp,
+                    base.bytes_per_cp,
+                    higher_is_better=False,
+                    good="smaller",
+                    bad="larger",
+                ),
+                "latest read "
+                + _compare(
+                    r.latest_read_ms,
+                    base.latest_read_ms,
+                    higher_is_better=False,
+                    good="faster",
+                    bad="slower",
+                ),
+                "state-at read "
+                + _compare(
+                    r.state_at_ms,
+                    base.state_at_ms,
+                    higher_is_better=False,
+                    good="faster",
+                    bad="slower",
+                ),
+                "history "
+                + _compare(
+                    r.history_ms,
+                    base.history_ms,
+                    higher_is_better=False,
+                    good="faster",
+                    bad="slower",
+                ),
+            ]
+            lines.append(f"  {r.name} vs {base_name}: " + ", ".join(parts))
+    return lines
+
+
+def _key(name: str) -> str:
+    return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
+
+
+def summary(steps: int, results: Sequence[Result]) -> dict[str, Any]:
+    """The final JSON object: figures of every contender at the largest size."""
+    out: dict[str, Any] = {"steps": steps}
+    # Room for the Quicksave keys: present (null) even when the hook is not wired.
+    for name in ("langgraph", "floor", "quicksave"):
+        out[f"{name}_cps"] = None
+        out[f"{name}_bytes_per_cp"] = None
+    for r in results:
+        k = _key(r.name)
+        out[f"{k}_cps"] = round(r.cps, 1)
+        out[f"{k}_bytes_per_cp"] = round(r.bytes_per_cp, 1)
+        out[f"{k}_latest_read_ms"] = round(r.latest_read_ms, 3)
+        out[f"{k}_state_at_ms"] = round(r.state_at_ms, 3)
+        out[f"{k}_history_ms"] = round(r.history_ms, 3)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--steps",
+        action="append",
+        metavar="N[,N...]",
+        help="workload size(s); repeatable or comma-separated (default: 100 and 1000)",
+    )
+    args = parser.parse_args(argv)
+    sizes = parse_sizes(args.steps)
+
+    ensure_bench_database()
+    shown = re.sub(r"password=\S+", "password=***", bench_conninfo())
+    print(f"database: {shown}", flush=True)
+    settings = server_settings(bench_conninfo())
+    print("server: " + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
+
+    all_results: dict[int, list[Result]] = {}
+    for steps in sizes:
+        print(f"\n== {steps} steps ==", flush=True)
+        results = run_size(steps)
+        all_results[steps] = results
+        print_table(results)
+        for line in ratio_lines(results):
+            print(line)
+
+    largest = max(sizes)
+    print(json.dumps(summary(largest, all_results[largest])))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

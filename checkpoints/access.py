@@ -1,0 +1,52 @@
+"""Who may read and write which threads: the one place API views and pages ask."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.http import Http404
+from rest_framework.exceptions import PermissionDenied
+
+from agents.auth import AgentPrincipal
+from checkpoints.models import Checkpoint, Thread
+
+
+def visible_threads(principal: Any) -> QuerySet[Thread]:
+    """Threads the caller may read: an agent key sees its own agent's threads only."""
+    threads = Thread.objects.all()
+    if isinstance(principal, AgentPrincipal):
+        return threads.filter(agent_id=principal.agent.pk)
+    if getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"):
+        return threads
+    return threads.none()
+
+
+def get_thread_for(principal: Any, thread_id: Any) -> Thread:
+    """The thread if the caller may read it; a foreign thread is a 404, as if it did not exist."""
+    thread = visible_threads(principal).select_related("agent").filter(pk=thread_id).first()
+    if thread is None:
+        raise Http404(f"Thread {thread_id} does not exist.")
+    return thread
+
+
+def get_checkpoint_for(principal: Any, checkpoint_id: Any) -> Checkpoint:
+    checkpoint = (
+        Checkpoint.objects.defer("payload")
+        .select_related("branch")
+        .filter(pk=checkpoint_id, thread__in=visible_threads(principal))
+        .first()
+    )
+    if checkpoint is None:
+        raise Http404(f"Checkpoint {checkpoint_id} does not exist.")
+    return checkpoint
+
+
+def check_can_write(principal: Any, thread: Thread) -> None:
+    """Agents write their own threads; people need the add_checkpoint permission (admins)."""
+    if isinstance(principal, AgentPrincipal):
+        if principal.agent.pk != thread.agent_id:
+            raise Http404(f"Thread {thread.pk} does not exist.")
+        return
+    if not principal.has_perm("checkpoints.add_checkpoint"):
+        raise PermissionDenied("Writing checkpoints needs an agent key or the admin role.")

@@ -1,0 +1,226 @@
+"""REST API v1 for threads, checkpoints, diffs and the tool-result cache. Thin views:
+validate, call the store or a selector, serialize."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+from urllib.parse import urlencode
+
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from agents.auth import AgentPrincipal
+from agents.models import Agent
+from checkpoints import selectors, store
+from checkpoints.access import check_can_write, get_checkpoint_for, get_thread_for, visible_threads
+from checkpoints.models import Branch, Checkpoint, Thread
+from checkpoints.serializers import (
+    CheckpointCreateSerializer,
+    CheckpointDetailSerializer,
+    CheckpointListQuerySerializer,
+    CheckpointSummarySerializer,
+    DiffQuerySerializer,
+    ThreadCreateSerializer,
+    ThreadDetailSerializer,
+    ThreadListQuerySerializer,
+    ThreadSerializer,
+    ToolResultPutSerializer,
+    ToolResultSerializer,
+)
+from checkpoints.tools import get_tool_result, put_tool_result
+
+
+def _query(serializer_class: type, request: Request) -> dict[str, Any]:
+    data: dict[str, Any] = {key: request.query_params.get(key) for key in request.query_params}
+    if "q" in request.query_params:
+        data["q"] = request.query_params.getlist("q")
+    serializer = serializer_class(data=data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class ThreadPagination(CursorPagination):
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+    ordering = ("-updated_at", "-id")
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"results": data, "next": self.get_next_link()})
+
+
+class ThreadListView(APIView):
+    @extend_schema(parameters=[ThreadListQuerySerializer], responses=ThreadSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        params = _query(ThreadListQuerySerializer, request)
+        try:
+            contained = [selectors.parse_metadata_query(raw) for raw in params.get("q", [])]
+        except ValueError as exc:
+            raise ValidationError({"q": f"must be {exc}"}) from None
+        threads = selectors.filter_threads(
+            visible_threads(request.user).select_related("agent", "active_branch", "head"),
+            agent=params.get("agent"), status=params.get("status"), step=params.get("step"),
+            since=params.get("since"), until=params.get("until"), metadata=contained,
+        )  # fmt: skip
+        paginator = ThreadPagination()
+        page = paginator.paginate_queryset(threads.defer("head__payload", "head__integrity"), request, view=self)
+        return paginator.get_paginated_response(ThreadSerializer(page, many=True).data)
+
+    @extend_schema(request=ThreadCreateSerializer, responses={201: ThreadDetailSerializer, 200: ThreadDetailSerializer})
+    def post(self, request: Request) -> Response:
+        serializer = ThreadCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        agent = _agent_for_new_thread(request.user, data.get("agent"))
+        thread, created = store.create_thread(
+            agent=agent, external_id=data.get("external_id"), metadata=data.get("metadata")
+        )
+        return Response(_thread_detail(thread.pk), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+
+def _agent_for_new_thread(principal: Any, name: str | None) -> Agent:
+    if isinstance(principal, AgentPrincipal):
+        if name and name != principal.agent.name:
+            raise PermissionDenied(f"This key belongs to agent '{principal.agent.name}', not '{name}'.")
+        return principal.agent
+    if not principal.has_perm("checkpoints.add_thread"):
+        raise PermissionDenied("Creating threads needs an agent key or the admin role.")
+    if not name:
+        raise ValidationError({"agent": "This field is required."})
+    agent = Agent.objects.filter(name=name).first()
+    if agent is None:
+        raise ValidationError({"agent": f"No agent is named '{name}'."})
+    return agent
+
+
+def _thread_detail(thread_id: Any) -> dict[str, Any]:
+    thread = (
+        Thread.objects.select_related("agent", "active_branch", "head")
+        .prefetch_related("branches")
+        .defer("head__payload", "head__integrity")
+        .get(pk=thread_id)
+    )
+    return dict(ThreadDetailSerializer(thread).data)
+
+
+class ThreadDetailView(APIView):
+    @extend_schema(responses=ThreadDetailSerializer)
+    def get(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        return Response(_thread_detail(thread.pk))
+
+
+class CheckpointListView(APIView):
+    @extend_schema(parameters=[CheckpointListQuerySerializer], responses=CheckpointSummarySerializer(many=True))
+    def get(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        params = _query(CheckpointListQuerySerializer, request)
+        branch = _branch(thread, params.get("branch"))
+        limit = params["limit"]
+        rows = selectors.timeline(thread=thread, branch=branch, after_seq=params["after_seq"], limit=limit)
+        next_url = None
+        if len(rows) == limit:
+            query = urlencode({"branch": branch.name, "after_seq": rows[-1].seq, "limit": limit})
+            next_url = request.build_absolute_uri(f"{request.path}?{query}")
+        context = {"branch_names": {branch.pk: branch.name}}
+        return Response({"results": CheckpointSummarySerializer(rows, many=True, context=context).data, "next": next_url})
+
+    @extend_schema(request=CheckpointCreateSerializer, responses={201: CheckpointSummarySerializer})
+    def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        check_can_write(request.user, thread)
+        serializer = CheckpointCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        model = data.get("model")
+        checkpoint = store.append_checkpoint(
+            thread=thread,
+            parent=data["parent"],
+            state=data.get("state"),
+            patch=data.get("patch"),
+            branch=data.get("branch"),
+            step=data.get("step"),
+            label=data.get("label", ""),
+            status=data.get("status", "running"),
+            model=dict(model) if model else None,
+            metadata=data.get("metadata"),
+            schema_version=data.get("schema_version", 1),
+            tool_results=[dict(item) for item in data.get("tool_results", [])] or None,
+        )
+        context = {"branch_names": {checkpoint.branch_id: data.get("branch") or _branch_name(checkpoint)}}
+        return Response(CheckpointSummarySerializer(checkpoint, context=context).data, status=status.HTTP_201_CREATED)
+
+
+def _branch_name(checkpoint: Checkpoint) -> str:
+    return store._branch_name(checkpoint.branch_id)
+
+
+def _branch(thread: Thread, name: str | None) -> Branch:
+    if name is None:
+        branch = thread.active_branch
+        if branch is None:
+            raise NotFound(f"Thread {thread.pk} has no active branch.")
+        return branch
+    found = Branch.objects.filter(thread=thread, name=name).first()
+    if found is None:
+        raise NotFound(f"Thread {thread.pk} has no branch named '{name}'.")
+    return found
+
+
+class CheckpointDetailView(APIView):
+    @extend_schema(responses=CheckpointDetailSerializer)
+    def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
+        checkpoint = get_checkpoint_for(request.user, checkpoint_id)
+        node = store.load_node(checkpoint.pk)
+        context = {"state": node.state, "branch_names": {checkpoint.branch_id: checkpoint.branch.name}}
+        return Response(CheckpointDetailSerializer(checkpoint, context=context).data)
+
+
+class CheckpointDiffView(APIView):
+    @extend_schema(
+        parameters=[OpenApiParameter("base", str, description="Checkpoint id to diff from (default: the parent).")]
+    )
+    def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
+        target = get_checkpoint_for(request.user, checkpoint_id)
+        params = _query(DiffQuerySerializer, request)
+        base_id = params.get("base") or target.parent_id
+        if base_id is None:
+            raise ValidationError({"base": "This checkpoint has no parent; name a `base` checkpoint."})
+        base = get_checkpoint_for(request.user, base_id)
+        if base.thread_id != target.thread_id:
+            raise ValidationError({"base": "The base checkpoint must be in the same thread."})
+        patch = store.diff(base=base.pk, target=target.pk)
+        return Response({"base": str(base.pk), "target": str(target.pk), "patch": patch})
+
+
+class ToolResultView(APIView):
+    @extend_schema(responses=ToolResultSerializer)
+    def get(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        found = get_tool_result(thread=thread, key=key)
+        if found is None:
+            raise NotFound(f"No tool result is cached under '{key}' in thread {thread.pk}.")
+        return Response(ToolResultSerializer(found).data)
+
+    @extend_schema(request=ToolResultPutSerializer, responses={201: ToolResultSerializer, 200: ToolResultSerializer})
+    def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        check_can_write(request.user, thread)
+        serializer = ToolResultPutSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        checkpoint = None
+        if data.get("checkpoint"):
+            checkpoint = Checkpoint.objects.defer("payload").filter(pk=data["checkpoint"], thread=thread).first()
+            if checkpoint is None:
+                raise ValidationError({"checkpoint": "No such checkpoint in this thread."})
+        stored, created = put_tool_result(
+            thread=thread, key=key, result=data["result"], tool=data.get("tool", ""), checkpoint=checkpoint
+        )
+        return Response(ToolResultSerializer(stored).data, status=status.HTTP_201_CREATED if created else 200)

@@ -1,0 +1,51 @@
+"""Errors the checkpoint store raises; the API maps each to a status and a `code`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class StoreError(Exception):
+    code = "invalid"
+    status = 400
+
+    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail or {}
+
+
+class InvalidState(StoreError):
+    """The state, patch or a field is not something the store accepts."""
+
+    code = "invalid_state"
+    status = 422
+
+
+class InvalidPatch(StoreError):
+    code = "invalid_patch"
+    status = 422
+
+
+class StateTooLarge(StoreError):
+    code = "state_too_large"
+    status = 413
+
+
+class StaleParent(StoreError):
+    """The parent is not the head of its branch any more: someone else wrote first."""
+
+    code = "stale_parent"
+    status = 409
+
+
+class NotFound(StoreError):
+    code = "not_found"
+    status = 404
+
+
+class IntegrityFailure(StoreError):
+    """A stored row does not match its integrity MAC: it was altered behind the store's back."""
+
+    code = "integrity_failure"
+    status = 500

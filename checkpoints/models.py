@@ -1,0 +1,198 @@
+"""Threads, branches, checkpoints, cached tool results and the per-thread event log.
+
+Rows are written only through `checkpoints.store`; see that module for how a
+checkpoint's state is kept (a delta against its parent, with snapshots).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.postgres.indexes import GinIndex
+from django.db import models
+from django.utils import timezone
+
+from agents.models import Agent
+from checkpoints.ids import new_id
+
+
+class ThreadStatus(models.TextChoices):
+    RUNNING = "running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class Thread(models.Model):
+    """One run of an agent: a tree of checkpoints split into named branches."""
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.PROTECT, related_name="threads", db_index=False)
+    external_id = models.CharField(max_length=255, null=True, blank=True)
+    status = models.CharField(max_length=24, choices=ThreadStatus.choices, default=ThreadStatus.RUNNING)
+    metadata = models.JSONField(default=dict, blank=True)
+    active_branch = models.ForeignKey(
+        "Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    # Denormalised from the active branch's head so the list filters by step without a join.
+    head = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    step = models.IntegerField(null=True, blank=True)
+    event_seq = models.BigIntegerField(default=0, help_text="Seq of the latest event in this thread.")
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["agent", "external_id"],
+                condition=models.Q(external_id__isnull=False),
+                name="thread_external_id_unique_per_agent",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["agent", "status", "-updated_at"], name="thread_agent_status_updated"),
+            models.Index(fields=["status", "-updated_at"], name="thread_status_updated"),
+            models.Index(fields=["-updated_at", "id"], name="thread_updated"),
+            GinIndex(fields=["metadata"], name="thread_metadata_gin", opclasses=["jsonb_path_ops"]),
+        ]
+
+    def __str__(self) -> str:
+        return str(self.id)
+
+
+class Branch(models.Model):
+    """A named line of checkpoints in a thread; `main` first, one more per fork."""
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="branches", db_index=False)
+    name = models.CharField(max_length=100)
+    fork_point = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    head = models.ForeignKey(
+        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    head_seq = models.IntegerField(default=0)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [models.UniqueConstraint(fields=["thread", "name"], name="branch_name_unique_per_thread")]
+        verbose_name_plural = "branches"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CheckpointStatus(models.TextChoices):
+    RUNNING = "running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+class PayloadKind(models.IntegerChoices):
+    SNAPSHOT = 1, "snapshot"
+    DELTA = 2, "delta"
+
+
+class CheckpointSource(models.TextChoices):
+    AGENT = "agent"
+    HUMAN = "human"
+
+
+class Checkpoint(models.Model):
+    """An immutable node in the thread's tree.
+
+    `payload` holds either the full state (a snapshot) or the RFC 6902 patch from
+    the parent's state (a delta), encoded by `checkpoints.codec`. `integrity`
+    chains an HMAC over the parent's integrity and this row's payload and fields,
+    so altering any row breaks every descendant's check.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    # The (thread, branch, seq) unique index serves the thread and branch lookups,
+    # so the foreign keys carry no index of their own.
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    branch = models.ForeignKey(Branch, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children", db_index=False
+    )
+    seq = models.IntegerField()
+    step = models.IntegerField(null=True, blank=True)
+    label = models.CharField(max_length=200, blank=True)
+    status = models.CharField(max_length=24, choices=CheckpointStatus.choices, default=CheckpointStatus.RUNNING)
+    source = models.CharField(max_length=8, choices=CheckpointSource.choices, default=CheckpointSource.AGENT)
+    model_name = models.CharField(max_length=200, blank=True)
+    model_version = models.CharField(max_length=100, blank=True)
+    temperature = models.FloatField(null=True, blank=True)
+    top_p = models.FloatField(null=True, blank=True)
+    seed = models.BigIntegerField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    schema_version = models.IntegerField(default=1)
+    kind = models.SmallIntegerField(choices=PayloadKind.choices)
+    payload = models.BinaryField()
+    # Deltas replayed since the last snapshot on the path to this checkpoint (0 for a
+    # snapshot) and their encoded size: the store snapshots when the chain would
+    # cost more to replay than a snapshot costs to store.
+    chain_length = models.IntegerField(default=0)
+    chain_bytes = models.IntegerField(default=0)
+    state_bytes = models.IntegerField(help_text="Size of the materialised state as canonical JSON.")
+    integrity = models.BinaryField(max_length=32)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["thread", "branch", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "branch", "seq"], name="checkpoint_timeline"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.thread_id}@{self.seq}"
+
+    @property
+    def model(self) -> dict[str, Any]:
+        return {
+            "name": self.model_name or None,
+            "version": self.model_version or None,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "seed": self.seed,
+        }
+
+
+class ToolResult(models.Model):
+    """A tool call's result cached per thread, so a resumed agent never repeats the call."""
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="tool_results", db_index=False)
+    key = models.CharField(max_length=128)
+    tool = models.CharField(max_length=200, blank=True)
+    result = models.JSONField()
+    checkpoint = models.ForeignKey(
+        Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+        constraints = [models.UniqueConstraint(fields=["thread", "key"], name="tool_result_key_unique")]
+
+
+class Event(models.Model):
+    """Per-thread ordered log, written in the same transaction as the change it reports."""
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="events", db_index=False)
+    seq = models.BigIntegerField()
+    type = models.CharField(max_length=40)
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["thread", "seq"]
+        constraints = [models.UniqueConstraint(fields=["thread", "seq"], name="event_seq_unique_per_thread")]

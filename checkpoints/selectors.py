@@ -1,0 +1,65 @@
+"""Reads that the API and the dashboard share."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from checkpoints.models import Branch, Checkpoint, Thread
+
+SUMMARY_DEFER = ("payload", "integrity")
+
+
+def timeline(*, thread: Thread, branch: Branch, after_seq: int = 0, limit: int = 100) -> list[Checkpoint]:
+    """Checkpoint summaries of one branch, oldest first, from `after_seq` (no state loaded)."""
+    return list(
+        Checkpoint.objects.filter(thread=thread, branch=branch, seq__gt=after_seq)
+        .defer(*SUMMARY_DEFER)
+        .order_by("seq")[:limit]
+    )
+
+
+def filter_threads(
+    threads: QuerySet[Thread],
+    *,
+    agent: str | None = None,
+    status: str | None = None,
+    step: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    metadata: list[dict[str, Any]] | None = None,
+) -> QuerySet[Thread]:
+    if agent:
+        threads = threads.filter(agent__name=agent)
+    if status:
+        threads = threads.filter(status=status)
+    if step is not None:
+        threads = threads.filter(step=step)
+    if since:
+        threads = threads.filter(updated_at__gte=since)
+    if until:
+        threads = threads.filter(updated_at__lt=until)
+    for contained in metadata or []:
+        threads = threads.filter(metadata__contains=contained)
+    return threads
+
+
+def parse_metadata_query(raw: str) -> dict[str, Any]:
+    """`q` is either a JSON object (containment) or `key:value` (value read as JSON when it parses)."""
+    raw = raw.strip()
+    if raw.startswith("{"):
+        value = json.loads(raw)
+        if not isinstance(value, dict):
+            raise ValueError("a JSON object")
+        return value
+    key, sep, text = raw.partition(":")
+    if not sep or not key:
+        raise ValueError("`key:value` or a JSON object")
+    try:
+        parsed: Any = json.loads(text)
+    except ValueError:
+        parsed = text
+    return {key.strip(): parsed}

@@ -1,0 +1,48 @@
+"""The tool-result cache: a resumed agent looks a call up here instead of repeating it."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from django.db import connection
+
+from checkpoints import codec
+from checkpoints.errors import InvalidState
+from checkpoints.models import Checkpoint, Thread, ToolResult
+
+MAX_KEY_LENGTH = 128
+
+
+def tool_key(tool: str, args: Any) -> str:
+    """The cache key of a call: SHA-256 of the tool name and its canonical arguments."""
+    return hashlib.sha256(codec.to_canonical_bytes([tool, args])).hexdigest()
+
+
+def put_tool_result(
+    *, thread: Thread, key: str, result: Any, tool: str = "", checkpoint: Checkpoint | None = None
+) -> tuple[ToolResult, bool]:
+    """Store a result under `key` unless one is there; returns (the stored row, created).
+
+    Idempotent: a second put of the same key leaves the first result unchanged and
+    returns it, so two copies of an agent racing on the same call agree on one answer.
+    """
+    if not key or len(key) > MAX_KEY_LENGTH:
+        raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
+    try:
+        codec.to_canonical_bytes(result)
+        codec.check_depth(result)
+    except codec.EncodingError as exc:
+        raise InvalidState(f"`result` is {exc}.", detail={"field": "result"}) from None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
+            "VALUES (%s, %s, %s, %s::jsonb, %s, now()) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
+            [thread.pk, key, tool[:200], codec.to_canonical_bytes(result).decode(), checkpoint.pk if checkpoint else None],
+        )
+        created = cursor.fetchone() is not None
+    return ToolResult.objects.get(thread=thread, key=key), created
+
+
+def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:
+    return ToolResult.objects.filter(thread=thread, key=key).first()

@@ -1,0 +1,55 @@
+"""GET /healthz: the state of the database, the cache and the channel layer."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.conf import settings
+from django.db import connection
+from django.http import HttpRequest, JsonResponse
+
+
+def _check_database() -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        return {"status": "ok", "ms": round((time.perf_counter() - started) * 1000, 2)}
+    except Exception as exc:  # a health probe reports failures instead of raising them
+        return {"status": "down", "error": str(exc)}
+
+
+def _check_cache() -> dict[str, Any]:
+    if not settings.REDIS_URL:
+        return {"status": "disabled", "detail": "REDIS_URL is not set; states are read from PostgreSQL."}
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
+        client.ping()
+        return {"status": "ok"}
+    except Exception as exc:
+        return {"status": "degraded", "error": str(exc)}
+
+
+def _check_channel_layer() -> dict[str, Any]:
+    layer = get_channel_layer()
+    if layer is None:
+        return {"status": "down", "error": "no channel layer configured"}
+    backend = type(layer).__name__
+    try:
+        channel = async_to_sync(layer.new_channel)()
+        async_to_sync(layer.send)(channel, {"type": "health.ping"})
+        return {"status": "ok", "backend": backend}
+    except Exception as exc:
+        return {"status": "degraded", "backend": backend, "error": str(exc)}
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    checks = {"database": _check_database(), "cache": _check_cache(), "channel_layer": _check_channel_layer()}
+    healthy = checks["database"]["status"] == "ok"
+    overall = "ok" if all(c["status"] in {"ok", "disabled"} for c in checks.values()) else "degraded"
+    return JsonResponse({"status": overall if healthy else "down", **checks}, status=200 if healthy else 503)

@@ -1,0 +1,340 @@
+"""The checkpoint store: deltas and snapshots, optimistic concurrency, integrity, refused input."""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection, connections
+
+from agents.models import Agent
+from checkpoints import store
+from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
+from checkpoints.models import Checkpoint, Event, PayloadKind, Thread, ThreadStatus
+from tests.conftest import message
+
+
+def grow(thread: Thread, steps: int, *, start: Checkpoint | None = None, use_patch: bool = True) -> list[Checkpoint]:
+    """Append `steps` checkpoints that each add one message and bump `step`."""
+    parent = start or store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0})
+    written = [parent]
+    state = store.state_at(parent)
+    for i in range(1, steps + 1):
+        if use_patch:
+            ops = [
+                {"op": "add", "path": "/messages/-", "value": message(i)},
+                {"op": "replace", "path": "/step", "value": i},
+            ]
+            parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=i)
+        else:
+            state = {**state, "messages": [*state["messages"], message(i)], "step": i}
+            parent = store.append_checkpoint(thread=thread, parent=parent, state=state, step=i)
+        written.append(parent)
+    return written
+
+
+def test_first_checkpoint_is_a_snapshot_of_the_given_state(thread: Thread) -> None:
+    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"], "budget": 900})
+
+    assert checkpoint.kind == PayloadKind.SNAPSHOT
+    assert checkpoint.seq == 1
+    store.clear_caches()
+    assert store.state_at(checkpoint) == {"plan": ["fly"], "budget": 900}
+
+
+def test_patch_and_full_state_writes_materialise_the_same_states(agent: Agent) -> None:
+    by_patch = grow(store.create_thread(agent=agent)[0], 30, use_patch=True)
+    by_state = grow(store.create_thread(agent=agent)[0], 30, use_patch=False)
+    store.clear_caches()
+
+    for left, right in zip(by_patch, by_state, strict=True):
+        assert store.state_at(left) == store.state_at(right)
+    assert store.state_at(by_patch[-1])["messages"][-1] == message(30)
+
+
+def test_most_checkpoints_are_deltas_and_snapshots_come_when_replay_would_cost_more(thread: Thread) -> None:
+    written = grow(thread, 300)
+
+    rows = list(Checkpoint.objects.filter(thread=thread).order_by("seq"))
+    snapshots = [row.seq for row in rows if row.kind == PayloadKind.SNAPSHOT]
+    assert len(snapshots) <= 12, snapshots  # spaced geometrically for an append-only state
+    deltas = [row for row in rows if row.kind == PayloadKind.DELTA]
+    assert max(len(bytes(row.payload)) for row in deltas) < 1000  # one message, not the whole state
+    for row in rows:
+        assert row.chain_bytes <= row.state_bytes
+    store.clear_caches()
+    assert [len(store.state_at(c)["messages"]) for c in written] == list(range(301))
+
+
+def test_snapshot_every_n_bounds_the_replay_chain(thread: Thread, settings: Any) -> None:
+    settings.QUICKSAVE_SNAPSHOT_EVERY = 5
+    grow(thread, 20)
+
+    kinds = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("kind", "chain_length"))
+    assert max(length for _, length in kinds) == 4
+    for (_, before), (kind, length) in zip(kinds, kinds[1:], strict=False):
+        assert length == (0 if kind == PayloadKind.SNAPSHOT else before + 1)
+
+
+def test_state_bytes_is_the_size_of_the_canonical_state(thread: Thread) -> None:
+    written = grow(thread, 10)
+    written.append(
+        store.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/messages/0"}])
+    )
+    for checkpoint in written:
+        assert checkpoint.state_bytes == store.state_size(store.state_at(checkpoint))
+
+
+def test_stale_parent_is_rejected_with_head(thread: Thread) -> None:
+    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+    second = store.append_checkpoint(thread=thread, parent=first, state={"n": 1})
+
+    with pytest.raises(StaleParent) as raised:
+        store.append_checkpoint(thread=thread, parent=first, state={"n": 2})
+    assert raised.value.detail["head"] == str(second.pk)
+    with pytest.raises(StaleParent):
+        store.append_checkpoint(thread=thread, parent=None, state={"n": 3})
+    assert Checkpoint.objects.filter(thread=thread).count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: Agent) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    parent = grow(thread, 3)[-1]
+    barrier = threading.Barrier(20)
+    outcomes: list[str] = []
+    lock = threading.Lock()
+
+    def write(n: int) -> None:
+        try:
+            barrier.wait()
+            store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "replace", "path": "/step", "value": n}])
+            result = "won"
+        except StaleParent:
+            result = "stale"
+        finally:
+            connections.close_all()
+        with lock:
+            outcomes.append(result)
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(20)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+
+    assert sorted(outcomes) == ["stale"] * 19 + ["won"]
+    seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
+    assert seqs == [1, 2, 3, 4, 5]
+    events = list(Event.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
+    assert events == list(range(1, len(events) + 1))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    store.append_checkpoint(thread=thread, parent=None, state={"log": []})
+
+    def write(n: int) -> None:
+        try:
+            for i in range(10):
+                while True:
+                    head, _ = store.latest_state(thread=thread)
+                    try:
+                        ops = [{"op": "add", "path": "/log/-", "value": f"{n}.{i}"}]
+                        store.append_checkpoint(thread=thread, parent=head, patch=ops)
+                        break
+                    except StaleParent:
+                        continue
+        finally:
+            connections.close_all()
+
+    writers = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for writer in writers:
+        writer.start()
+    for writer in writers:
+        writer.join()
+
+    seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, 42))
+    head, state = store.latest_state(thread=thread)
+    assert sorted(state["log"]) == sorted(f"{n}.{i}" for n in range(4) for i in range(10))
+
+
+def test_state_at_a_random_earlier_checkpoint_replays_from_its_snapshot(thread: Thread) -> None:
+    written = grow(thread, 120)
+    store.clear_caches()
+    rng = random.Random(3)
+    for checkpoint in rng.sample(written, 15):
+        state = store.state_at(checkpoint)
+        assert state["step"] == checkpoint.step
+        assert len(state["messages"]) == checkpoint.step
+
+
+def test_returned_state_is_the_callers_own_copy(thread: Thread) -> None:
+    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"]})
+    store.state_at(checkpoint)["plan"].append("tampered")
+    assert store.state_at(checkpoint) == {"plan": ["fly"]}
+
+
+def test_latest_state_is_the_branch_head(thread: Thread) -> None:
+    written = grow(thread, 5)
+    head, state = store.latest_state(thread=thread)
+    assert head == written[-1].pk
+    assert state["step"] == 5
+
+
+def test_a_row_altered_with_raw_sql_fails_its_integrity_check(thread: Thread) -> None:
+    written = grow(thread, 40)
+    kinds = {row.pk: row.kind for row in Checkpoint.objects.filter(thread=thread)}
+    index = next(i for i in range(1, 40) if kinds[written[i].pk] == kinds[written[i + 1].pk] == PayloadKind.DELTA)
+    victim, child = written[index], written[index + 1]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE checkpoints_checkpoint SET payload = %s WHERE id = %s",
+            [b"\x00" + b'[{"op":"replace","path":"/step","value":999}]', victim.pk],
+        )
+    store.clear_caches()
+
+    with pytest.raises(IntegrityFailure):
+        store.state_at(victim)
+    with pytest.raises(IntegrityFailure):
+        store.state_at(child)  # its replay passes through the altered row
+    assert store.state_at(written[index - 1])["step"] == index - 1  # rows before the edit still verify
+
+
+def test_an_edited_label_fails_the_integrity_check(thread: Thread) -> None:
+    written = grow(thread, 3)
+    Checkpoint.objects.filter(pk=written[2].pk).update(label="approved by nobody")
+    store.clear_caches()
+    with pytest.raises(IntegrityFailure):
+        store.state_at(written[2])
+
+
+def test_verify_integrity_command_reports_the_altered_row(thread: Thread, capsys: Any) -> None:
+    written = grow(thread, 6)
+    call_command("verify_integrity")
+    assert "OK" in capsys.readouterr().out
+
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE checkpoints_checkpoint SET step = 42 WHERE id = %s", [written[3].pk])
+    with pytest.raises(CommandError, match="1 checkpoint"):
+        call_command("verify_integrity")
+    assert f"checkpoint {written[3].pk}" in capsys.readouterr().out
+
+
+def test_records_model_parameters_metadata_and_schema_version(thread: Thread) -> None:
+    checkpoint = store.append_checkpoint(
+        thread=thread,
+        parent=None,
+        state={"a": 1},
+        step=7,
+        label="search_flights",
+        status="waiting_for_approval",
+        model={"name": "gpt-x", "version": "2026-01", "temperature": 0.2, "top_p": 0.9, "seed": 42},
+        metadata={"customer": "acme"},
+        schema_version=3,
+    )
+    stored = Checkpoint.objects.get(pk=checkpoint.pk)
+    assert stored.model == {"name": "gpt-x", "version": "2026-01", "temperature": 0.2, "top_p": 0.9, "seed": 42}
+    assert (stored.step, stored.label, stored.status, stored.schema_version) == (7, "search_flights",
+                                                                                 "waiting_for_approval", 3)
+    assert stored.metadata == {"customer": "acme"}
+    thread.refresh_from_db()
+    assert (thread.status, thread.step, thread.head_id) == (ThreadStatus.WAITING_FOR_APPROVAL, 7, checkpoint.pk)
+    store.clear_caches()
+    store.state_at(checkpoint)  # the recorded fields are covered by the integrity MAC
+
+
+def test_each_checkpoint_writes_an_event_in_order(thread: Thread) -> None:
+    written = grow(thread, 3)
+    events = list(Event.objects.filter(thread=thread).order_by("seq"))
+    assert [e.type for e in events] == ["thread.created"] + ["checkpoint.created"] * 4
+    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
+    assert events[-1].data["checkpoint"] == str(written[-1].pk)
+    thread.refresh_from_db()
+    assert thread.event_seq == 5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragment"),
+    [
+        ({"state": {"x": float("nan")}}, InvalidState, "NaN"),
+        ({"state": {"x": float("inf")}}, InvalidState, "Infinity"),
+        ({"state": {"s": "\ud800"}}, InvalidState, "Unicode"),
+        ({"state": ["not", "an", "object"]}, InvalidState, "object"),
+        ({"patch": [{"op": "replace", "path": "/missing", "value": 1}]}, InvalidPatch, "/missing"),
+        ({"patch": [{"op": "explode", "path": "/a"}]}, InvalidPatch, "op 0"),
+        ({"patch": [{"op": "replace", "path": "", "value": 3}]}, InvalidState, "object"),
+        ({"state": {"a": 1}, "patch": []}, InvalidState, "exactly one"),
+        ({"state": {"a": 1}, "label": "x" * 201}, InvalidState, "label"),
+        ({"state": {"a": 1}, "status": "sleeping"}, InvalidState, "status"),
+        ({"state": {"a": 1}, "model": {"nme": "typo"}}, InvalidState, "nme"),
+        ({"state": {"a": 1}, "step": -1}, InvalidState, "step"),
+    ],
+)
+def test_refused_input_leaves_nothing_behind(
+    thread: Thread, kwargs: dict[str, Any], error: type[Exception], fragment: str
+) -> None:
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"a": 0})
+    before = (Checkpoint.objects.count(), Event.objects.count())
+
+    with pytest.raises(error, match=fragment):
+        store.append_checkpoint(thread=thread, parent=parent, **kwargs)
+
+    assert (Checkpoint.objects.count(), Event.objects.count()) == before
+    assert store.state_at(parent) == {"a": 0}
+
+
+def test_nesting_deeper_than_64_is_refused(thread: Thread) -> None:
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(64):
+        node["d"] = {}
+        node = node["d"]
+    with pytest.raises(InvalidState, match="limit is 64"):
+        store.append_checkpoint(thread=thread, parent=None, state=deep)
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"a": {}})
+    with pytest.raises(InvalidState, match="limit is 64"):
+        store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/a/b", "value": deep}])
+
+
+def test_state_above_the_size_limit_is_refused_naming_the_limit(thread: Thread, settings: Any) -> None:
+    settings.QUICKSAVE_MAX_STATE_BYTES = 10_000
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"log": []})
+    with pytest.raises(StateTooLarge, match="limit is 10000 bytes") as raised:
+        store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * 10_000}])
+    assert raised.value.detail["limit"] == 10_000
+    assert Checkpoint.objects.filter(thread=thread).count() == 1
+
+
+def test_parent_from_another_thread_is_not_found(agent: Agent, thread: Thread) -> None:
+    elsewhere = store.create_thread(agent=agent)[0]
+    foreign = store.append_checkpoint(thread=elsewhere, parent=None, state={})
+    with pytest.raises(NotFound):
+        store.append_checkpoint(thread=thread, parent=foreign, state={"a": 1})
+
+
+def test_a_new_branch_starts_at_its_fork_point(thread: Thread) -> None:
+    written = grow(thread, 5)
+    store.start_branch(thread=thread, at=written[2], name="retry")
+    forked = store.append_checkpoint(thread=thread, parent=written[2], branch="retry",
+                                     patch=[{"op": "replace", "path": "/step", "value": 100}])  # fmt: skip
+    assert forked.seq == 1
+    assert store.state_at(forked)["messages"] == store.state_at(written[2])["messages"]
+    after = store.append_checkpoint(thread=thread, parent=forked, state={"done": True})
+    assert (after.seq, store._branch_name(after.branch_id)) == (2, "retry")
+    with pytest.raises(StaleParent):
+        store.append_checkpoint(thread=thread, parent=written[1], branch="retry", state={})
+    thread.refresh_from_db()
+    assert thread.head_id == written[-1].pk  # main stays the active branch
+
+
+def test_create_thread_returns_the_existing_thread_for_the_same_external_id(agent: Agent) -> None:
+    first, created = store.create_thread(agent=agent, external_id="ext-1", metadata={"a": 1})
+    again, created_again = store.create_thread(agent=agent, external_id="ext-1")
+    assert (created, created_again, again.pk) == (True, False, first.pk)

@@ -1,0 +1,99 @@
+"""Shared fixtures: named principals (an owner agent key, a foreign key, people by role) and API clients."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import Permission, User
+from rest_framework.test import APIClient
+
+from agents.keys import create_agent_key, get_or_create_agent
+from agents.models import Agent
+from checkpoints import store
+from checkpoints.models import Thread
+
+
+@pytest.fixture(autouse=True)
+def _fresh_store_caches() -> Iterator[None]:
+    # Ids are never reused, but a test that edits rows behind the store's back
+    # must see the database, not a state cached by an earlier test.
+    store.clear_caches()
+    yield
+    store.clear_caches()
+
+
+@pytest.fixture
+def agent(db: Any) -> Agent:
+    return get_or_create_agent(name="travel")
+
+
+@pytest.fixture
+def other_agent(db: Any) -> Agent:
+    return get_or_create_agent(name="code-review")
+
+
+@pytest.fixture
+def agent_key(agent: Agent) -> str:
+    return create_agent_key(agent=agent, label="tests")[1]
+
+
+@pytest.fixture
+def foreign_key(other_agent: Agent) -> str:
+    return create_agent_key(agent=other_agent, label="tests")[1]
+
+
+def _client(key: str | None = None) -> APIClient:
+    client = APIClient()
+    if key:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+@pytest.fixture
+def owner_client(agent_key: str) -> APIClient:
+    """Calls made with the key of the agent that owns the thread."""
+    return _client(agent_key)
+
+
+@pytest.fixture
+def foreign_client(foreign_key: str) -> APIClient:
+    """Calls made with another agent's key."""
+    return _client(foreign_key)
+
+
+@pytest.fixture
+def anonymous_client() -> APIClient:
+    return _client()
+
+
+@pytest.fixture
+def viewer(db: Any) -> User:
+    user = User.objects.create_user("vera", password="vera-password-1")
+    user.user_permissions.add(Permission.objects.get(codename="view_thread"))
+    return user
+
+
+@pytest.fixture
+def viewer_client(viewer: User) -> APIClient:
+    client = APIClient()
+    client.force_authenticate(viewer)
+    return client
+
+
+@pytest.fixture
+def stranger_client(db: Any) -> APIClient:
+    """A signed-in person with no role at all."""
+    client = APIClient()
+    client.force_authenticate(User.objects.create_user("sam", password="sam-password-1"))
+    return client
+
+
+@pytest.fixture
+def thread(agent: Agent) -> Thread:
+    return store.create_thread(agent=agent, external_id="trip-1")[0]
+
+
+def message(i: int) -> dict[str, str]:
+    return {"role": "assistant", "content": f"message {i} " + "lorem ipsum " * 20}

@@ -12,7 +12,8 @@ workload, the measures and how the server is chosen).  For each size a table
 is printed, followed by ratio lines; the very last line printed is one JSON
 object with the figures for the largest size, for CI and the README.
 
-Quicksave's contenders plug in through :func:`run_quicksave`.
+Quicksave's contenders (store by patch, store by full state, HTTP) live in
+:mod:`bench.quicksave_runs`.
 """
 
 from __future__ import annotations
@@ -38,20 +39,9 @@ from bench.peers import (  # noqa: E402
     run_langgraph,
     server_settings,
 )
+from bench.quicksave_runs import run_quicksave  # noqa: E402
 
 DEFAULT_SIZES: tuple[int, ...] = (100, 1000)
-
-
-# ==========================================================================
-# HOOK: Quicksave contenders -- wired by the lead.
-# Return one Result per Quicksave variant (name them "quicksave", or
-# "quicksave_<variant>"; their keys appear in the final JSON line as
-# "<name>_cps", "<name>_bytes_per_cp", ...).  Use bench.peers.workload(steps)
-# for the data and bench.peers.ensure_bench_database() for the database.
-# ==========================================================================
-def run_quicksave(steps: int) -> list[Result]:
-    """Run Quicksave's store over ``steps`` workload steps (not wired yet)."""
-    raise NotImplementedError("wired by the lead")
 
 
 Runner = Callable[[int], list[Result]]
@@ -80,10 +70,12 @@ def parse_sizes(values: Sequence[str] | None) -> list[int]:
     return sorted(sizes)
 
 
-def run_size(steps: int) -> list[Result]:
+def run_size(steps: int, only: set[str] | None = None) -> list[Result]:
     """Run every contender at one size; a contender raising NotImplementedError is skipped."""
     results: list[Result] = []
     for label, runner in CONTENDERS:
+        if only and label not in only:
+            continue
         try:
             results.extend(runner(steps))
         except NotImplementedError as exc:
@@ -153,9 +145,19 @@ def _key(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
 
 
-def summary(steps: int, results: Sequence[Result]) -> dict[str, Any]:
+def summary(steps: int, results: Sequence[Result], smallest: Sequence[Result] = ()) -> dict[str, Any]:
     """The final JSON object: figures of every contender at the largest size."""
     out: dict[str, Any] = {"steps": steps}
+    by_name = {r.name: r for r in results}
+    qs = by_name.get("quicksave")
+    http = by_name.get("quicksave_http")
+    out["latest_read_ms"] = round(qs.latest_read_ms, 3) if qs else None
+    out["state_at_ms"] = round(qs.state_at_ms, 3) if qs else None
+    out["http_cps"] = round(http.cps, 1) if http else None
+    out["http_p99_ms"] = http.extra.get("p99_ms") if http else None
+    small = {r.name: r for r in smallest}.get("quicksave")
+    key = f"rate_{steps}_over_{small.steps}" if small else "rate_1000_over_100"
+    out[key] = round(qs.cps / small.cps, 3) if qs and small and small.steps != steps else None
     # Room for the Quicksave keys: present (null) even when the hook is not wired.
     for name in ("langgraph", "floor", "quicksave"):
         out[f"{name}_cps"] = None
@@ -179,8 +181,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         metavar="N[,N...]",
         help="workload size(s); repeatable or comma-separated (default: 100 and 1000)",
     )
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=[label for label, _ in CONTENDERS],
+        help="run only these contenders (repeatable); default: all",
+    )
     args = parser.parse_args(argv)
-    sizes = parse_sizes(args.steps)
+    try:
+        sizes = parse_sizes(args.steps)
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        parser.error(str(exc))
 
     ensure_bench_database()
     shown = re.sub(r"password=\S+", "password=***", bench_conninfo())
@@ -191,14 +202,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     all_results: dict[int, list[Result]] = {}
     for steps in sizes:
         print(f"\n== {steps} steps ==", flush=True)
-        results = run_size(steps)
+        results = run_size(steps, set(args.only or []))
         all_results[steps] = results
         print_table(results)
         for line in ratio_lines(results):
             print(line)
 
     largest = max(sizes)
-    print(json.dumps(summary(largest, all_results[largest])))
+    print(json.dumps(summary(largest, all_results[largest], all_results[min(sizes)])))
     return 0
 
 

@@ -106,7 +106,7 @@ def _thread_detail(thread_id: Any) -> dict[str, Any]:
         .defer("head__payload", "head__integrity")
         .get(pk=thread_id)
     )
-    return dict(ThreadDetailSerializer(thread).data)
+    return dict(ThreadDetailSerializer(thread, context={"heads": selectors.branch_heads(thread)}).data)
 
 
 class ThreadDetailView(APIView):
@@ -129,7 +129,8 @@ class CheckpointListView(APIView):
             query = urlencode({"branch": branch.name, "after_seq": rows[-1].seq, "limit": limit})
             next_url = request.build_absolute_uri(f"{request.path}?{query}")
         context = {"branch_names": {branch.pk: branch.name}}
-        return Response({"results": CheckpointSummarySerializer(rows, many=True, context=context).data, "next": next_url})
+        summaries = CheckpointSummarySerializer(rows, many=True, context=context).data  # type: ignore[arg-type]
+        return Response({"results": summaries, "next": next_url})
 
     @extend_schema(request=CheckpointCreateSerializer, responses={201: CheckpointSummarySerializer})
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:

@@ -1,7 +1,5 @@
-"""RFC 6902 JSON Patch and RFC 6901 JSON Pointer for the checkpoint store's agent-state deltas.
-
-Patches apply copy-on-write, so cached parent states are never mutated and untouched subtrees are shared.
-"""
+"""RFC 6902 JSON Patch / RFC 6901 JSON Pointer for the checkpoint store's agent-state deltas, applied
+copy-on-write so cached parent states are never mutated and untouched subtrees are shared."""
 
 from __future__ import annotations
 
@@ -288,10 +286,12 @@ class _Patcher:
     first. Holding the containers themselves keeps their ids from being reused while the patch runs.
     """
 
-    __slots__ = ("delta", "from_path", "index", "name", "owned", "path", "root")
+    __slots__ = ("delta", "from_path", "in_place", "index", "measuring", "name", "owned", "path", "root")
 
-    def __init__(self, root: JSON) -> None:
+    def __init__(self, root: JSON, *, measuring: bool = True, in_place: bool = False) -> None:
         self.root: JSON = root
+        self.measuring = measuring
+        self.in_place = in_place
         self.owned: dict[int, Any] = {}
         self.delta = 0
         self.index = 0
@@ -310,12 +310,16 @@ class _Patcher:
         raise PatchError(f"op {self.index} ({label}): {reason}", index=self.index, path=self.path)
 
     def measure(self, value: JSON) -> int:
+        if not self.measuring:
+            return 0
         try:
             return _byte_len(_ENCODER.encode(value))
         except (TypeError, ValueError, RecursionError) as exc:
             self.fail(f"the value is not valid JSON ({exc})")
 
     def key_size(self, key: str) -> int:
+        if not self.measuring:
+            return 0
         try:
             return _byte_len(_encode_string(key))
         except ValueError as exc:  # a lone surrogate can't be encoded as UTF-8
@@ -349,6 +353,11 @@ class _Patcher:
 
     def parent(self, tokens: list[str], what: str) -> Any:
         """Return the container holding tokens[-1], made private to this patch along the whole path."""
+        if self.in_place:
+            node = self.get(tokens[:-1], what)
+            if not isinstance(node, (dict, list)):
+                self.fail(f"{what} does not exist")
+            return node
         owned = self.owned
         node = self.root
         if id(node) not in owned:
@@ -432,10 +441,16 @@ class _Patcher:
         parent[key] = value
 
 
-def apply_patch(doc: JSON, ops: list[Op]) -> Applied:
-    """Apply an RFC 6902 patch atomically without mutating `doc`; cost is proportional to the change."""
+def apply_patch(doc: JSON, ops: list[Op], *, measure: bool = True, in_place: bool = False) -> Applied:
+    """Apply an RFC 6902 patch atomically without mutating `doc`; cost is proportional to the change.
+
+    `measure=False` skips the size and depth accounting (size_delta and depth come back 0), for
+    replaying deltas already checked when they were written. `in_place=True` mutates `doc` itself
+    instead of copying along the touched paths: only for a document the caller owns outright,
+    and the patch is then not atomic.
+    """
     parsed = _parse_ops(ops)
-    patcher = _Patcher(doc)
+    patcher = _Patcher(doc, measuring=measure, in_place=in_place)
     depth = 0
     for index, (name, path, tokens, from_path, from_tokens, op) in enumerate(parsed):
         patcher.index = index
@@ -470,7 +485,8 @@ def apply_patch(doc: JSON, ops: list[Op]) -> Applied:
             # A deep copy, so a later op of this patch that edits one location in place can't reach the other.
             value = _clone(patcher.get(from_tokens, "'from' location"))
             patcher.add(tokens, value, patcher.measure(value))
-        depth = max(depth, len(tokens) + json_depth(value))
+        if measure:
+            depth = max(depth, len(tokens) + json_depth(value))
     return Applied(patcher.root, patcher.delta, depth)
 
 

@@ -36,9 +36,16 @@ class Thread(models.Model):
     active_branch = models.ForeignKey(
         "Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )
-    # Denormalised from the active branch's head so the list filters by step without a join.
+    # Denormalised from the active branch's head so the list shows and filters it
+    # without a join. Written only by the store, which keeps it pointing at a real row.
     head = models.ForeignKey(
-        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+        "Checkpoint",
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name="+",
+        db_index=False,
+        db_constraint=False,
     )
     step = models.IntegerField(null=True, blank=True)
     event_seq = models.BigIntegerField(default=0, help_text="Seq of the latest event in this thread.")
@@ -66,17 +73,18 @@ class Thread(models.Model):
 
 
 class Branch(models.Model):
-    """A named line of checkpoints in a thread; `main` first, one more per fork."""
+    """A named line of checkpoints in a thread; `main` first, one more per fork.
+
+    A branch's head is its checkpoint with the highest seq; the unique
+    (thread, branch, seq) index is what lets exactly one writer extend it.
+    """
 
     thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="branches", db_index=False)
     name = models.CharField(max_length=100)
+    # Where the branch starts: its first checkpoint's parent (None for `main`).
     fork_point = models.ForeignKey(
-        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+        "Checkpoint", null=True, blank=True, on_delete=models.PROTECT, related_name="+", db_index=False
     )
-    head = models.ForeignKey(
-        "Checkpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
-    )
-    head_seq = models.IntegerField(default=0)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -118,8 +126,12 @@ class Checkpoint(models.Model):
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
     # The (thread, branch, seq) unique index serves the thread and branch lookups,
-    # so the foreign keys carry no index of their own.
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
+    # so the foreign keys carry no index of their own. `thread` has no database
+    # constraint either: the branch's constraint already proves the thread exists,
+    # and every check left off this table is time saved on every write.
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="checkpoints", db_index=False, db_constraint=False
+    )
     branch = models.ForeignKey(Branch, on_delete=models.CASCADE, related_name="checkpoints", db_index=False)
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.PROTECT, related_name="children", db_index=False
@@ -183,11 +195,22 @@ class ToolResult(models.Model):
         ordering = ["created_at"]
         constraints = [models.UniqueConstraint(fields=["thread", "key"], name="tool_result_key_unique")]
 
+    def __str__(self) -> str:
+        return f"{self.tool or 'tool'}:{self.key}"
+
 
 class Event(models.Model):
-    """Per-thread ordered log, written in the same transaction as the change it reports."""
+    """Per-thread ordered log, written in the same transaction as the change it reports.
 
-    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="events", db_index=False)
+    `seq` comes from the thread row's counter, bumped under that row's lock, so
+    events of one thread commit in seq order and a reader never sees a gap fill in later.
+    """
+
+    # Written in the same statement that locks the thread row, so the row exists;
+    # no database constraint to check on every checkpoint.
+    thread = models.ForeignKey(
+        Thread, on_delete=models.CASCADE, related_name="events", db_index=False, db_constraint=False
+    )
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)
     data = models.JSONField(default=dict)
@@ -196,3 +219,6 @@ class Event(models.Model):
     class Meta:
         ordering = ["thread", "seq"]
         constraints = [models.UniqueConstraint(fields=["thread", "seq"], name="event_seq_unique_per_thread")]
+
+    def __str__(self) -> str:
+        return f"{self.type} #{self.seq}"

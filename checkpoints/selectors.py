@@ -6,6 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
 from checkpoints.models import Branch, Checkpoint, Thread
@@ -20,6 +21,20 @@ def timeline(*, thread: Thread, branch: Branch, after_seq: int = 0, limit: int =
         .defer(*SUMMARY_DEFER)
         .order_by("seq")[:limit]
     )
+
+
+def branch_heads(thread: Thread) -> dict[int, tuple[Any, int]]:
+    """{branch id: (head checkpoint id, head seq)} for every non-empty branch of a thread."""
+    # One index probe per branch (the newest seq), however long the branches are.
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT b.id, h.id, h.seq FROM checkpoints_branch b CROSS JOIN LATERAL ("
+            "  SELECT c.id, c.seq FROM checkpoints_checkpoint c"
+            "  WHERE c.thread_id = b.thread_id AND c.branch_id = b.id ORDER BY c.seq DESC LIMIT 1"
+            ") h WHERE b.thread_id = %s",
+            [thread.pk],
+        )
+        return {branch_id: (checkpoint_id, seq) for branch_id, checkpoint_id, seq in cursor.fetchall()}
 
 
 def filter_threads(

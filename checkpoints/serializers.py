@@ -21,12 +21,13 @@ class CheckpointSummarySerializer(serializers.Serializer[Checkpoint]):
     id = serializers.UUIDField()
     thread = serializers.UUIDField(source="thread_id")
     branch = serializers.SerializerMethodField()
-    parent = serializers.UUIDField(source="parent_id", allow_null=True)
+    # DRF collects declared fields off the class, so names that shadow Field attributes are fine.
+    parent = serializers.UUIDField(source="parent_id", allow_null=True)  # type: ignore[assignment]
     seq = serializers.IntegerField()
     step = serializers.IntegerField(allow_null=True)
-    label = serializers.CharField()
+    label = serializers.CharField()  # type: ignore[assignment]
     status = serializers.ChoiceField(choices=CheckpointStatus.choices)
-    source = serializers.CharField()
+    source = serializers.CharField()  # type: ignore[assignment]
     model = ModelParamsSerializer()
     metadata = serializers.JSONField()
     schema_version = serializers.IntegerField()
@@ -55,12 +56,25 @@ class CheckpointDetailSerializer(CheckpointSummarySerializer):
 
 
 class BranchSerializer(serializers.ModelSerializer[Branch]):
-    head = serializers.UUIDField(source="head_id", allow_null=True)
+    head = serializers.SerializerMethodField()
+    head_seq = serializers.SerializerMethodField()
     fork_point = serializers.UUIDField(source="fork_point_id", allow_null=True)
 
     class Meta:
         model = Branch
         fields = ["name", "head", "head_seq", "fork_point", "created_at"]
+
+    def _head(self, branch: Branch) -> tuple[Any, int] | None:
+        heads: dict[int, tuple[Any, int]] = self.context.get("heads", {})
+        return heads.get(branch.pk)
+
+    def get_head(self, branch: Branch) -> str | None:
+        head = self._head(branch)
+        return str(head[0]) if head else None
+
+    def get_head_seq(self, branch: Branch) -> int:
+        head = self._head(branch)
+        return head[1] if head else 0
 
 
 class ThreadSerializer(serializers.ModelSerializer[Thread]):
@@ -84,7 +98,10 @@ class ThreadSerializer(serializers.ModelSerializer[Thread]):
 
 
 class ThreadDetailSerializer(ThreadSerializer):
-    branches = BranchSerializer(many=True, read_only=True)
+    branches = serializers.SerializerMethodField()
+
+    def get_branches(self, thread: Thread) -> list[dict[str, Any]]:
+        return list(BranchSerializer(thread.branches.all(), many=True, context=self.context).data)
 
     class Meta(ThreadSerializer.Meta):
         fields = [*ThreadSerializer.Meta.fields, "branches"]
@@ -113,12 +130,12 @@ class ToolResultInputSerializer(serializers.Serializer[Any]):
 
 
 class CheckpointCreateSerializer(serializers.Serializer[Any]):
-    parent = serializers.UUIDField(allow_null=True)
+    parent = serializers.UUIDField(allow_null=True)  # type: ignore[assignment]
     state = serializers.DictField(required=False)
     patch = serializers.ListField(child=serializers.DictField(), required=False)
     branch = serializers.CharField(required=False, max_length=100)
     step = serializers.IntegerField(required=False, allow_null=True, min_value=0, max_value=2**31 - 1)
-    label = serializers.CharField(required=False, allow_blank=True, max_length=200)
+    label = serializers.CharField(required=False, allow_blank=True, max_length=200)  # type: ignore[assignment]
     status = serializers.ChoiceField(required=False, choices=CheckpointStatus.choices)
     model = ModelParamsSerializer(required=False)
     metadata = serializers.DictField(required=False)

@@ -4,10 +4,12 @@ reader that materialises the state of any checkpoint.
 A checkpoint stores the RFC 6902 patch from its parent's state (a delta), so a
 write costs O(change). Every so often it stores the full state instead (a
 snapshot): when `QUICKSAVE_SNAPSHOT_EVERY` deltas have piled up since the last
-one, or when replaying the deltas since the last snapshot would read more bytes
-than the snapshot itself. For a state that grows by appending (a message log)
-that second rule spaces snapshots geometrically, so their total size stays a
-small multiple of the final state and storage stays linear in the thread's length.
+one, or when replaying the deltas since the last snapshot would cost more than
+reading a snapshot (see REPLAY_COST_PER_BYTE). For a state that grows by
+appending (a message log) that second rule doubles the distance between
+snapshots, so their total size stays about twice the final state, storage stays
+linear in the thread's length, and reading any state costs at most about one
+and a half times its size.
 
 States already materialised are kept in a per-process cache keyed by checkpoint
 id. Checkpoints are immutable, so the cache never goes stale; it only saves the
@@ -16,12 +18,14 @@ replay of deltas. A writer still learns the branch head from the database.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
+import psycopg
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
@@ -43,7 +47,17 @@ from checkpoints.models import (
 )
 
 MAIN_BRANCH = "main"
-MODEL_FIELDS = {"name": "model_name", "version": "model_version", "temperature": "temperature", "top_p": "top_p", "seed": "seed"}
+# Replaying a byte of delta costs about twice reading a byte of snapshot (each delta
+# is a row to fetch, a MAC to check, a payload to decode and a patch to apply), so
+# the store snapshots once the chain since the last snapshot holds half the state's bytes.
+REPLAY_COST_PER_BYTE = 2
+MODEL_FIELDS = {
+    "name": "model_name",
+    "version": "model_version",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "seed": "seed",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,14 +110,14 @@ class _StateCache:
 
 
 _cache = _StateCache()
-_branch_ids: dict[tuple[UUID, str], int] = {}
+_branches: dict[tuple[UUID, str], tuple[int, UUID | None]] = {}
 _branch_names: dict[int, str] = {}
 
 
 def clear_caches() -> None:
     """Forget every cached state (tests use it to force a replay from the database)."""
     _cache.clear()
-    _branch_ids.clear()
+    _branches.clear()
     _branch_names.clear()
 
 
@@ -190,19 +204,33 @@ def append_checkpoint(
     if parent_node is not None and parent_node.thread_id != thread.pk:
         raise NotFound(f"Checkpoint {parent_id} is not in thread {thread.pk}.", detail={"field": "parent"})
     branch_name = branch or (_branch_name(parent_node.branch_id) if parent_node else MAIN_BRANCH)
-    branch_id = _branch_id(thread.pk, branch_name)
+    branch_id, fork_point_id = _branch(thread.pk, branch_name)
+    same_branch = parent_node is not None and parent_node.branch_id == branch_id
+    if not same_branch and parent_id != fork_point_id:
+        # Only the fork point may precede a branch's first checkpoint; if the branch
+        # already has checkpoints the writer is behind its head.
+        head = branch_head(thread_id=thread.pk, branch_id=branch_id)
+        if head is not None or parent_id is not None:
+            raise StaleParent(
+                f"Checkpoint {parent_id} is not the head of branch '{branch_name}'; "
+                f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
+                detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0,
+                        "branch": branch_name},
+            )  # fmt: skip
+    seq = parent_node.seq + 1 if parent_node is not None and same_branch else 1
 
-    ops, new_state, state_bytes = _next_state(parent_node, state=state, patch=patch)
-    delta = codec.to_canonical_bytes(ops)
+    delta, new_state, state_bytes = _next_state(parent_node, state=state, patch=patch)
     chain_length = parent_node.chain_length + 1 if parent_node else 0
     chain_bytes = parent_node.chain_bytes + len(delta) if parent_node else 0
-    if parent_node is None or chain_length >= settings.QUICKSAVE_SNAPSHOT_EVERY or chain_bytes > state_bytes:
+    if (
+        parent_node is None
+        or chain_length >= settings.QUICKSAVE_SNAPSHOT_EVERY
+        or chain_bytes * REPLAY_COST_PER_BYTE > state_bytes
+    ):
         kind, payload, chain_length, chain_bytes = PayloadKind.SNAPSHOT, codec.encode(_canonical(new_state)), 0, 0
     else:
         kind, payload = PayloadKind.DELTA, codec.encode(delta)
 
-    same_branch = parent_node is not None and parent_node.branch_id == branch_id
-    seq = parent_node.seq + 1 if parent_node is not None and same_branch else 1
     checkpoint_id = new_id()
     fields["state_bytes"] = state_bytes
     integrity = codec.integrity_mac(
@@ -210,59 +238,53 @@ def append_checkpoint(
         checkpoint_id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, parent_id=parent_id,
         seq=seq, kind=kind, payload=payload, fields=fields,
     )  # fmt: skip
-    checkpoint = Checkpoint(
-        id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, parent_id=parent_id, seq=seq,
-        kind=kind, payload=payload, chain_length=chain_length, chain_bytes=chain_bytes,
-        integrity=integrity, created_at=timezone.now(), **fields,
-    )  # fmt: skip
-    event = {
-        "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None, "branch": branch_name,
-        "seq": seq, "step": step, "label": label, "status": fields["status"],
+    params = {
+        **fields, "id": checkpoint_id, "thread_id": thread.pk, "branch_id": branch_id, "parent_id": parent_id,
+        "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
+        "integrity": integrity, "created_at": timezone.now(), "metadata": Jsonb(fields["metadata"]),
+        "event": Jsonb({
+            "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
+            "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
+        }),
     }  # fmt: skip
 
     if tool_results:
         from checkpoints.tools import put_tool_result
 
         with transaction.atomic():
-            _insert(checkpoint, branch_name=branch_name, event=event)
+            _insert(params, branch_name=branch_name)
             for item in tool_results:
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
-                                tool=item.get("tool", ""), checkpoint=checkpoint)  # fmt: skip
+                                tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
     else:
-        _insert(checkpoint, branch_name=branch_name, event=event)
+        _insert(params, branch_name=branch_name)
 
     _cache.put(
         Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
              state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes, integrity=integrity)
     )  # fmt: skip
-    checkpoint._state.adding = False
-    checkpoint._state.db = "default"
-    return checkpoint
+    params["metadata"] = fields["metadata"]
+    return Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
 
 
-# One statement moves the branch head, inserts the checkpoint, bumps the thread and
-# logs the event, so a write is atomic even in autocommit and costs one round trip.
-# The UPDATE's WHERE re-checks the head after waiting for a concurrent writer's row
-# lock, so of N writers with the same parent exactly one moves the head.
+# One statement inserts the checkpoint, bumps the thread and logs the event, so a
+# write is atomic even in autocommit and costs one round trip. The unique
+# (thread, branch, seq) index is the optimistic lock: seq is the parent's seq + 1,
+# so of N writers with the same parent exactly one inserts and the rest conflict
+# (a conflicting insert waits for the winner to commit, then does nothing).
 _APPEND_SQL = """
-WITH moved AS (
-    UPDATE checkpoints_branch SET head_id = %(id)s::uuid, head_seq = %(seq)s::int
-    WHERE id = %(branch_id)s::bigint AND head_seq = %(seq)s::int - 1
-      AND (head_id = %(parent_id)s::uuid
-           OR (head_id IS NULL AND fork_point_id IS NOT DISTINCT FROM %(parent_id)s::uuid))
-    RETURNING id
-), cp AS (
+WITH cp AS (
     INSERT INTO checkpoints_checkpoint (
         id, thread_id, branch_id, parent_id, seq, step, label, status, source, model_name, model_version,
         temperature, top_p, seed, metadata, schema_version, kind, payload, chain_length, chain_bytes,
         state_bytes, integrity, created_at)
-    SELECT %(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::int,
+    VALUES (%(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::int,
         %(step)s::int, %(label)s::text, %(status)s::text, %(source)s::text, %(model_name)s::text,
         %(model_version)s::text, %(temperature)s::float8, %(top_p)s::float8, %(seed)s::bigint,
         %(metadata)s::jsonb, %(schema_version)s::int, %(kind)s::smallint, %(payload)s::bytea,
         %(chain_length)s::int, %(chain_bytes)s::int, %(state_bytes)s::int, %(integrity)s::bytea,
-        %(created_at)s::timestamptz
-    FROM moved
+        %(created_at)s::timestamptz)
+    ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
     RETURNING id
 ), bumped AS (
     UPDATE checkpoints_thread SET
@@ -280,42 +302,50 @@ FROM bumped
 RETURNING seq
 """
 
+_INSERT_FIELDS = (
+    "id", "thread_id", "branch_id", "parent_id", "seq", "step", "label", "status", "source",
+    "model_name", "model_version", "temperature", "top_p", "seed", "schema_version", "kind",
+    "payload", "chain_length", "chain_bytes", "state_bytes", "integrity", "created_at",
+)  # fmt: skip
 
-def _insert(checkpoint: Checkpoint, *, branch_name: str, event: dict[str, Any]) -> None:
-    params = {
-        field: getattr(checkpoint, field)
-        for field in (
-            "id", "thread_id", "branch_id", "parent_id", "seq", "step", "label", "status", "source",
-            "model_name", "model_version", "temperature", "top_p", "seed", "schema_version", "kind",
-            "payload", "chain_length", "chain_bytes", "state_bytes", "integrity", "created_at",
-        )
-    }  # fmt: skip
-    params["metadata"] = Jsonb(checkpoint.metadata)
-    params["event"] = Jsonb(event)
+
+# Every column, in model order, as Model.from_db wants them.
+_ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
+
+
+def _insert(params: dict[str, Any], *, branch_name: str) -> None:
     connection.ensure_connection()
-    # A server-side-bound, prepared statement: planning this statement anew on every
-    # write would cost more than executing it. The psycopg connection is Django's own,
-    # so the statement joins any transaction.atomic block the caller is in.
-    with connection.connection.cursor() as cursor:
+    # A server-side-bound, prepared statement (Django's own cursors bind client-side):
+    # planning this statement anew on every write would cost more than executing it.
+    # The psycopg connection is Django's own, so the statement joins any
+    # transaction.atomic block the caller is in.
+    with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(_APPEND_SQL, params, prepare=True)
         written = cursor.fetchone()
-        if written is None:
-            cursor.execute(
-                "SELECT head_id, head_seq FROM checkpoints_branch WHERE id = %s", [checkpoint.branch_id]
-            )
-            head_id, head_seq = cursor.fetchone() or (None, 0)
     if written is None:
+        head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
         raise StaleParent(
-            f"Checkpoint {checkpoint.parent_id} is not the head of branch '{branch_name}'; "
-            f"the head is {head_id or 'empty'}. Re-read the head and write again.",
-            detail={"head": str(head_id) if head_id else None, "head_seq": head_seq, "branch": branch_name},
+            f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
+            f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
+            detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0, "branch": branch_name},
         )
+
+
+def branch_head(*, thread_id: UUID, branch_id: int) -> tuple[UUID, int] | None:
+    """(id, seq) of the newest checkpoint on a branch, or None while it is empty."""
+    row = (
+        Checkpoint.objects.filter(thread_id=thread_id, branch_id=branch_id)
+        .order_by("-seq")
+        .values_list("id", "seq")
+        .first()
+    )
+    return (row[0], row[1]) if row else None
 
 
 def _next_state(
     parent: Node | None, *, state: dict[str, Any] | None, patch: list[dict[str, Any]] | None
-) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
-    """The ops from the parent's state, the new state and its canonical size, all checked."""
+) -> tuple[bytes, dict[str, Any], int]:
+    """The delta from the parent's state as canonical JSON, the new state and its size, all checked."""
     base: dict[str, Any] = parent.state if parent else {}
     base_bytes = parent.state_bytes if parent else 2
     if patch is not None:
@@ -331,9 +361,10 @@ def _next_state(
     # gives the store private copies of the inserted values, which a caller can no
     # longer mutate under the cache.
     try:
-        ops = codec.decode(codec.RAW + codec.to_canonical_bytes(ops))
+        delta = codec.to_canonical_bytes(ops)
     except codec.EncodingError as exc:
         raise InvalidState(f"The {'patch' if patch is not None else 'state'} is {exc}.") from None
+    ops = json.loads(delta)
     try:
         applied = apply_patch(base, ops)
     except PatchError as exc:
@@ -355,7 +386,7 @@ def _next_state(
             f"The state would be {state_bytes} bytes; the limit is {max_bytes} bytes (QUICKSAVE_MAX_STATE_BYTES).",
             detail={"field": "patch" if patch is not None else "state", "size": state_bytes, "limit": max_bytes},
         )
-    return ops, applied.doc, state_bytes
+    return delta, applied.doc, state_bytes
 
 
 def _patch_detail(exc: PatchError) -> dict[str, Any]:
@@ -428,7 +459,7 @@ def _checked_fields(
     return fields
 
 
-def mac_fields(checkpoint: Checkpoint) -> dict[str, Any]:
+def mac_fields(checkpoint: Checkpoint | _Row) -> dict[str, Any]:
     """The recorded fields an integrity MAC covers, read back from a stored row."""
     return {
         "step": checkpoint.step, "label": checkpoint.label, "status": checkpoint.status,
@@ -439,16 +470,17 @@ def mac_fields(checkpoint: Checkpoint) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _branch_id(thread_id: UUID, name: str) -> int:
+def _branch(thread_id: UUID, name: str) -> tuple[int, UUID | None]:
+    """(id, fork point) of a thread's branch by name; both never change, so they are cached."""
     key = (thread_id, name)
-    branch_id = _branch_ids.get(key)
-    if branch_id is None:
-        found = Branch.objects.filter(thread_id=thread_id, name=name).values_list("id", flat=True).first()
+    known = _branches.get(key)
+    if known is None:
+        found = Branch.objects.filter(thread_id=thread_id, name=name).values_list("id", "fork_point_id").first()
         if found is None:
             raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})
-        branch_id = _branch_ids[key] = found
-        _branch_names[found] = name
-    return branch_id
+        known = _branches[key] = (found[0], found[1])
+        _branch_names[found[0]] = name
+    return known
 
 
 def _branch_name(branch_id: int) -> str:
@@ -460,21 +492,77 @@ def _branch_name(branch_id: int) -> str:
 
 # --------------------------------------------------------------------------- reads
 
-# Walks parent links from the checkpoint back to the nearest snapshot.
-_CHAIN_SQL = """
+
+class _Row(NamedTuple):
+    """The columns a replay reads: enough to verify a row's MAC and apply its payload."""
+
+    id: UUID
+    thread_id: UUID
+    branch_id: int
+    parent_id: UUID | None
+    seq: int
+    step: int | None
+    label: str
+    status: str
+    source: str
+    model_name: str
+    model_version: str
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    metadata: dict[str, Any]
+    schema_version: int
+    kind: int
+    payload: bytes
+    chain_length: int
+    chain_bytes: int
+    state_bytes: int
+    integrity: bytes
+    parent_integrity: bytes | None
+
+
+_ROW_COLUMNS = ", ".join(f"c.{name}" for name in _Row._fields[:-1])
+_PARENT_MAC = (
+    "CASE WHEN c.kind = %(snapshot)s AND c.parent_id IS NOT NULL THEN "
+    "(SELECT p.integrity FROM checkpoints_checkpoint p WHERE p.id = c.parent_id) END"
+)
+# A chain that stays on the checkpoint's own branch is one range of the timeline index.
+_RANGE_SQL = f"""
+SELECT {_ROW_COLUMNS}, {_PARENT_MAC}
+FROM checkpoints_checkpoint c
+WHERE c.thread_id = %(thread)s AND c.branch_id = %(branch)s AND c.seq BETWEEN %(first)s AND %(last)s
+ORDER BY c.seq
+"""
+# A chain that crosses a fork walks parent links back to the nearest snapshot.
+_WALK_SQL = f"""
 WITH RECURSIVE chain AS (
-    SELECT c.*, 0 AS depth FROM checkpoints_checkpoint c WHERE c.id = %s
+    SELECT c.*, 0 AS depth FROM checkpoints_checkpoint c WHERE c.id = %(id)s
     UNION ALL
     SELECT c.*, chain.depth + 1 FROM checkpoints_checkpoint c
     JOIN chain ON c.id = chain.parent_id
-    WHERE chain.kind = %s
+    WHERE chain.kind = %(delta)s
 )
-SELECT chain.*,
-    CASE WHEN chain.kind = %s AND chain.parent_id IS NOT NULL
-         THEN (SELECT p.integrity FROM checkpoints_checkpoint p WHERE p.id = chain.parent_id) END
-         AS parent_integrity
-FROM chain ORDER BY depth DESC
+SELECT {_ROW_COLUMNS}, {_PARENT_MAC} FROM chain c ORDER BY c.depth DESC
 """
+
+
+def _chain(checkpoint_id: UUID) -> list[_Row]:
+    """The rows from the nearest snapshot up to the checkpoint, oldest first."""
+    target = (
+        Checkpoint.objects.filter(pk=checkpoint_id).values_list("thread_id", "branch_id", "seq", "chain_length").first()
+    )
+    if target is None:
+        raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
+    thread_id, branch_id, seq, chain_length = target
+    params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
+              "thread": thread_id, "branch": branch_id, "first": seq - chain_length, "last": seq}  # fmt: skip
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_RANGE_SQL if chain_length < seq else _WALK_SQL, params, prepare=True)
+        rows = cursor.fetchall()
+    # Django loads jsonb as text on its connection (its JSONField parses it), so do the same.
+    metadata = _Row._fields.index("metadata")
+    return [_Row._make((*row[:metadata], json.loads(row[metadata]), *row[metadata + 1 :])) for row in rows]
 
 
 def load_node(checkpoint_id: UUID) -> Node:
@@ -482,49 +570,46 @@ def load_node(checkpoint_id: UUID) -> Node:
     cached = _cache.get(checkpoint_id)
     if cached is not None:
         return cached
-    rows = list(
-        Checkpoint.objects.raw(_CHAIN_SQL, [checkpoint_id, PayloadKind.DELTA, PayloadKind.SNAPSHOT])
-    )
-    if not rows:
-        raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
-    # Start from the newest ancestor already materialised, if any.
-    start = 0
-    node: Node | None = None
+    rows = _chain(checkpoint_id)
+    if not rows or rows[-1].id != checkpoint_id:
+        raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s chain back to its snapshot is broken.")
+    # Start from the newest ancestor already materialised, if any: its state is
+    # shared with the cache, so the replay copies on write from there. From a
+    # snapshot the replay owns every object and patches in place.
+    start, node, owned = 0, None, True
     for index in range(len(rows) - 1, -1, -1):
         hit = _cache.get(rows[index].id)
         if hit is not None:
-            node, start = hit, index + 1
+            node, start, owned = hit, index + 1, False
             break
     if node is None:
         snapshot = rows[0]
         if snapshot.kind != PayloadKind.SNAPSHOT:
             raise IntegrityFailure(f"Checkpoint {checkpoint_id} has no snapshot on its path.")
-        _verify(snapshot, parent_integrity=_parent_integrity(snapshot))
+        _verify(snapshot, parent_integrity=snapshot.parent_integrity)
         node = _node_from(snapshot, codec.decode(snapshot.payload))
         start = 1
+    state, integrity = node.state, node.integrity
     for row in rows[start:]:
-        _verify(row, parent_integrity=node.integrity)
+        _verify(row, parent_integrity=integrity)
         try:
-            applied = apply_patch(node.state, codec.decode(row.payload))
+            state = apply_patch(state, codec.decode(row.payload), measure=False, in_place=owned).doc
         except PatchError as exc:
             raise IntegrityFailure(f"Checkpoint {row.id}'s delta does not apply: {exc.message}") from None
-        node = _node_from(row, applied.doc)
+        integrity = row.integrity
+    if start < len(rows):
+        node = _node_from(rows[-1], state)
     _cache.put(node)
     return node
 
 
-def _parent_integrity(row: Checkpoint) -> bytes | None:
-    value: bytes | memoryview | None = getattr(row, "parent_integrity", None)
-    return bytes(value) if value is not None else None
-
-
-def _verify(row: Checkpoint, *, parent_integrity: bytes | None) -> None:
+def _verify(row: _Row, *, parent_integrity: bytes | None) -> None:
     expected = codec.integrity_mac(
         parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id,
         branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind,
-        payload=bytes(row.payload), fields=mac_fields(row),
+        payload=row.payload, fields=mac_fields(row),
     )  # fmt: skip
-    if expected != bytes(row.integrity):
+    if expected != row.integrity:
         raise IntegrityFailure(
             f"Checkpoint {row.id} (thread {row.thread_id}, seq {row.seq}) fails its integrity check: "
             "it was altered outside Quicksave.",
@@ -532,11 +617,11 @@ def _verify(row: Checkpoint, *, parent_integrity: bytes | None) -> None:
         )
 
 
-def _node_from(row: Checkpoint, state: dict[str, Any]) -> Node:
+def _node_from(row: _Row, state: dict[str, Any]) -> Node:
     return Node(
         id=row.id, thread_id=row.thread_id, branch_id=row.branch_id, seq=row.seq, state=state,
         state_bytes=row.state_bytes, chain_length=row.chain_length, chain_bytes=row.chain_bytes,
-        integrity=bytes(row.integrity),
+        integrity=row.integrity,
     )  # fmt: skip
 
 
@@ -549,12 +634,11 @@ def state_at(checkpoint: Checkpoint | UUID) -> dict[str, Any]:
 def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[UUID | None, dict[str, Any]]:
     """The head of a branch and its state ({} for a branch with no checkpoint yet)."""
     thread_id = thread.pk if isinstance(thread, Thread) else thread
-    head = Branch.objects.filter(thread_id=thread_id, name=branch).values_list("head_id", flat=True).first()
+    branch_id, _ = _branch(thread_id, branch)
+    head = branch_head(thread_id=thread_id, branch_id=branch_id)
     if head is None:
-        if not Branch.objects.filter(thread_id=thread_id, name=branch).exists():
-            raise NotFound(f"Thread {thread_id} has no branch named '{branch}'.")
         return None, {}
-    return head, state_at(head)
+    return head[0], state_at(head[0])
 
 
 def diff(*, base: Checkpoint | UUID, target: Checkpoint | UUID) -> list[dict[str, Any]]:
@@ -589,5 +673,7 @@ def start_branch(*, thread: Thread, at: Checkpoint | UUID, name: str) -> Branch:
             branch = Branch.objects.create(thread=thread, name=name, fork_point_id=at_id)
             record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": str(at_id)})
     except IntegrityError:
-        raise InvalidState(f"Thread {thread.pk} already has a branch named '{name}'.", detail={"field": "name"}) from None
+        raise InvalidState(
+            f"Thread {thread.pk} already has a branch named '{name}'.", detail={"field": "name"}
+        ) from None
     return branch

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from typing import Any
+from uuid import UUID
 
 from django.db import connection
 
@@ -20,7 +21,7 @@ def tool_key(tool: str, args: Any) -> str:
 
 
 def put_tool_result(
-    *, thread: Thread, key: str, result: Any, tool: str = "", checkpoint: Checkpoint | None = None
+    *, thread: Thread, key: str, result: Any, tool: str = "", checkpoint: Checkpoint | UUID | None = None
 ) -> tuple[ToolResult, bool]:
     """Store a result under `key` unless one is there; returns (the stored row, created).
 
@@ -38,7 +39,13 @@ def put_tool_result(
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
             "VALUES (%s, %s, %s, %s::jsonb, %s, now()) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
-            [thread.pk, key, tool[:200], codec.to_canonical_bytes(result).decode(), checkpoint.pk if checkpoint else None],
+            [
+                thread.pk,
+                key,
+                tool[:200],
+                codec.to_canonical_bytes(result).decode(),
+                checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint,
+            ],
         )
         created = cursor.fetchone() is not None
     return ToolResult.objects.get(thread=thread, key=key), created

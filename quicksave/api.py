@@ -6,7 +6,8 @@ Errors always read `{"error": {"code": "<snake_case>", "message": "<sentence>", 
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404

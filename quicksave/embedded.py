@@ -21,7 +21,7 @@ def embedded_database_url(var_dir: Path) -> str:
     # initialises and starts the cluster, the rest reuse it.
     with open(var_dir / "pgserver.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        server = pgserver.get_server(pgdata, cleanup_mode=None)
+        server = pgserver.get_server(pgdata, cleanup_mode=None)  # type: ignore[attr-defined]
         exists = server.psql("SELECT 1 FROM pg_database WHERE datname = 'quicksave';")
         if "(1 row)" not in exists:
             server.psql("CREATE DATABASE quicksave;")

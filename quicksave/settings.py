@@ -42,6 +42,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "channels",
+    "quicksave",
     "agents",
     "checkpoints",
     "approvals",
@@ -85,6 +86,8 @@ def database_from_url(url: str) -> dict[str, Any]:
     query = {key: values[-1] for key, values in parse_qs(parsed.query).items()}
     host = query.pop("host", None) or parsed.hostname or ""
     name = unquote(parsed.path.lstrip("/"))
+    pool_size = envint("DATABASE_POOL_SIZE", 10, minimum=0)
+    pool: dict[str, Any] = {"pool": {"min_size": 1, "max_size": pool_size, "timeout": 10}} if pool_size else {}
     if not name:
         raise ConfigError("DATABASE_URL must name a database, e.g. postgresql://127.0.0.1/quicksave")
     return {
@@ -94,9 +97,13 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
-        "OPTIONS": query,
-        "CONN_MAX_AGE": envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
-        "CONN_HEALTH_CHECKS": True,
+        # The checkpoint store's hot statement is prepared once per connection
+        # (Django's own cursors bind client-side and never prepare). Under ASGI each
+        # request runs in its own thread, so without a pool every request would open
+        # a new connection; the pool hands it a warm one instead.
+        "OPTIONS": {"prepare_threshold": 5, **pool, **query},
+        "CONN_MAX_AGE": 0 if pool else envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
+        "CONN_HEALTH_CHECKS": not pool,
         "TEST": {"NAME": envstr("DATABASE_TEST_NAME") or None},
     }
 
@@ -145,6 +152,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+QUICKSAVE_SERVE_STATIC = envbool("QUICKSAVE_SERVE_STATIC", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -31,6 +31,4 @@ def handler404(request: HttpRequest, exception: Exception | None = None) -> Http
 def handler500(request: HttpRequest) -> HttpResponse:
     from django.views.defaults import server_error
 
-    return _api_error(request, 500, "server_error", "Quicksave failed to handle this request.") or server_error(
-        request
-    )
+    return _api_error(request, 500, "server_error", "Quicksave failed to handle this request.") or server_error(request)

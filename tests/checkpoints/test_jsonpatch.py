@@ -7,7 +7,6 @@ import json
 import math
 import re
 import string
-import time
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 
 from checkpoints.jsonpatch import (
     Applied,
+    Op,
     PatchError,
     apply_patch,
     canonical_json,
@@ -49,15 +49,12 @@ json_values = st.recursive(
 # Small alphabet of leaves so that generated pairs of documents share structure and collide on True/1/1.0.
 close_values = st.recursive(
     st.sampled_from([None, True, False, 0, 1, 1.0, "", "a"]),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.sampled_from("ab~/"), children, max_size=3),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.sampled_from("ab~/"), children, max_size=3),
     max_leaves=12,
 )
 
 # No example database: these run in a shared tree and failures print their reproducing example anyway.
-PROPERTY = settings(
-    max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow]
-)
+PROPERTY = settings(max_examples=150, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 QUICK_PROPERTY = settings(PROPERTY, max_examples=50)
 
 
@@ -319,7 +316,7 @@ def test_rfc6901_example_pointers_resolve_to_their_values(pointer: str, expected
 
 
 def test_validate_ops_returns_the_patch_and_ignores_unknown_members() -> None:
-    ops = [
+    ops: list[Op] = [
         {"op": "add", "path": "/a", "value": None, "xyz": 1},
         {"op": "remove", "path": "/a", "value": "ignored", "from": 5},
         {"op": "replace", "path": "", "value": {}},
@@ -575,7 +572,7 @@ def test_the_whole_document_cannot_be_removed() -> None:
 
 
 def test_move_into_its_own_child_is_rejected() -> None:
-    doc = {"a": {"b": {}}}
+    doc: dict[str, Any] = {"a": {"b": {}}}
     with pytest.raises(PatchError, match=r"^op 0 \(move from /a to /a/b/c\): a value cannot be moved into"):
         apply_patch(doc, [{"op": "move", "from": "/a", "path": "/a/b/c"}])
     with pytest.raises(PatchError, match="cannot be moved into one of its own children"):
@@ -602,7 +599,7 @@ def test_move_to_a_sibling_key_and_to_the_root() -> None:
 
 def test_test_op_uses_json_equality() -> None:
     doc = {"flag": True, "n": 1, "f": 2.0, "obj": {"x": 1, "y": [1, True]}}
-    ok = [
+    ok: list[Op] = [
         {"op": "test", "path": "/n", "value": 1.0},
         {"op": "test", "path": "/f", "value": 2},
         {"op": "test", "path": "/obj", "value": {"y": [1.0, True], "x": 1}},
@@ -615,20 +612,18 @@ def test_test_op_uses_json_equality() -> None:
 
 def test_copy_inserts_an_independent_deep_copy() -> None:
     doc = {"src": {"inner": [1, {"x": 1}]}}
-    ops = [
+    ops: list[Op] = [
         {"op": "copy", "from": "/src", "path": "/dst"},
         {"op": "add", "path": "/dst/inner/1/y", "value": 2},
         {"op": "add", "path": "/dst/inner/-", "value": 3},
     ]
-    result = _check_applied(
-        doc, ops, {"src": {"inner": [1, {"x": 1}]}, "dst": {"inner": [1, {"x": 1, "y": 2}, 3]}}, 4
-    )
+    result = _check_applied(doc, ops, {"src": {"inner": [1, {"x": 1}]}, "dst": {"inner": [1, {"x": 1, "y": 2}, 3]}}, 4)
     assert result.doc["src"] is doc["src"]
 
 
 def test_copy_of_a_value_edited_earlier_in_the_same_patch_does_not_alias_it() -> None:
     doc = {"a": {"list": [1]}}
-    ops = [
+    ops: list[Op] = [
         {"op": "add", "path": "/a/list/-", "value": 2},
         {"op": "copy", "from": "/a", "path": "/b"},
         {"op": "add", "path": "/a/list/-", "value": 3},
@@ -641,7 +636,7 @@ def test_copy_of_a_value_edited_earlier_in_the_same_patch_does_not_alias_it() ->
 
 def test_values_from_ops_are_inserted_as_is_and_never_mutated() -> None:
     value = {"x": [1]}
-    ops = [
+    ops: list[Op] = [
         {"op": "add", "path": "/a", "value": value},
         {"op": "add", "path": "/a/x/-", "value": 2},
         {"op": "add", "path": "/b", "value": value},
@@ -677,7 +672,7 @@ def _agent_state(messages: int = 20) -> dict[str, Any]:
 def test_apply_patch_never_mutates_the_input_document() -> None:
     doc = _agent_state()
     before = copy.deepcopy(doc)
-    ops = [
+    ops: list[Op] = [
         {"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": "hi"}},
         {"op": "replace", "path": "/messages/0/content", "value": "edited"},
         {"op": "remove", "path": "/messages/1/meta/n"},
@@ -729,7 +724,7 @@ def test_a_container_is_copied_at_most_once_per_patch() -> None:
 def test_a_failing_op_leaves_the_input_untouched_and_returns_nothing_partial() -> None:
     doc = _agent_state(3)
     before = copy.deepcopy(doc)
-    ops = [
+    ops: list[Op] = [
         {"op": "add", "path": "/messages/-", "value": {"role": "user"}},
         {"op": "remove", "path": "/facts/city"},
         {"op": "replace", "path": "/facts/city", "value": "Berlin"},
@@ -882,33 +877,24 @@ def test_make_patch_uses_common_prefix_and_suffix_for_lists() -> None:
 
 def test_make_patch_replaces_a_whole_list_when_that_is_smaller() -> None:
     assert make_patch([1, 2, 3, 4], [5, 6, 7, 8]) == [{"op": "replace", "path": "", "value": [5, 6, 7, 8]}]
-    assert make_patch({"a": {"x": 1}}, {"a": {"y": 2}}) == [
-        {"op": "replace", "path": "/a", "value": {"y": 2}}
-    ]
+    assert make_patch({"a": {"x": 1}}, {"a": {"y": 2}}) == [{"op": "replace", "path": "/a", "value": {"y": 2}}]
 
 
-def test_make_patch_and_apply_patch_are_fast_for_a_long_conversation() -> None:
+def test_an_append_to_a_long_conversation_is_one_op_and_shares_every_old_message() -> None:
+    # Timings live in bench/; here the O(change) shape: one op out, old messages shared, not copied.
     content = string.ascii_letters * 19
-    base = {
+    base: dict[str, Any] = {
         "messages": [{"role": "user", "content": f"{i}{content}"} for i in range(1000)],
         "facts": {"city": "Paris", "name": "Ann"},
     }
-    target = {**base, "messages": [*base["messages"], {"role": "assistant", "content": content}], "facts": {}}
-
-    def best_of(fn: Any, runs: int = 50) -> float:
-        timings = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            fn()
-            timings.append(time.perf_counter() - start)
-        return min(timings)
+    target: dict[str, Any] = {**base, "messages": [*base["messages"], {"role": "assistant", "content": content}]}
 
     ops = make_patch(base, target)
-    assert ops[0] == {"op": "add", "path": "/messages/-", "value": target["messages"][-1]}
-    append = ops[:1]
-    # Generous bounds (the real figures are ~0.03 ms and ~0.02 ms) that still catch an O(document) regression.
-    assert best_of(lambda: make_patch(base, target)) < 0.001
-    assert best_of(lambda: apply_patch(base, append)) < 0.0005
+
+    assert ops == [{"op": "add", "path": "/messages/-", "value": target["messages"][-1]}]
+    applied = apply_patch(base, ops)
+    assert all(new is old for new, old in zip(applied.doc["messages"], base["messages"], strict=False))
+    assert applied.doc["facts"] is base["facts"]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -938,9 +924,7 @@ def test_make_patch_round_trips_between_similar_documents(base: Any, target: Any
 
 @PROPERTY
 @given(json_values, st.data())
-def test_hand_built_patches_match_a_reference_with_exact_size_and_depth(
-    doc: Any, data: st.DataObject
-) -> None:
+def test_hand_built_patches_match_a_reference_with_exact_size_and_depth(doc: Any, data: st.DataObject) -> None:
     ops: list[dict[str, Any]] = []
     state = doc
     for _ in range(data.draw(st.integers(1, 6))):

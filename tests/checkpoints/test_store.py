@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import threading
 from typing import Any
@@ -25,7 +26,7 @@ def grow(thread: Thread, steps: int, *, start: Checkpoint | None = None, use_pat
     state = store.state_at(parent)
     for i in range(1, steps + 1):
         if use_patch:
-            ops = [
+            ops: list[dict[str, Any]] = [
                 {"op": "add", "path": "/messages/-", "value": message(i)},
                 {"op": "replace", "path": "/step", "value": i},
             ]
@@ -76,7 +77,7 @@ def test_snapshot_every_n_bounds_the_replay_chain(thread: Thread, settings: Any)
 
     kinds = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("kind", "chain_length"))
     assert max(length for _, length in kinds) == 4
-    for (_, before), (kind, length) in zip(kinds, kinds[1:], strict=False):
+    for (_, before), (kind, length) in itertools.pairwise(kinds):
         assert length == (0 if kind == PayloadKind.SNAPSHOT else before + 1)
 
 
@@ -112,7 +113,9 @@ def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: 
     def write(n: int) -> None:
         try:
             barrier.wait()
-            store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "replace", "path": "/step", "value": n}])
+            store.append_checkpoint(
+                thread=thread, parent=parent, patch=[{"op": "replace", "path": "/step", "value": n}]
+            )
             result = "won"
         except StaleParent:
             result = "stale"
@@ -161,7 +164,7 @@ def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) ->
 
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, 42))
-    head, state = store.latest_state(thread=thread)
+    _, state = store.latest_state(thread=thread)
     assert sorted(state["log"]) == sorted(f"{n}.{i}" for n in range(4) for i in range(10))
 
 
@@ -241,8 +244,12 @@ def test_records_model_parameters_metadata_and_schema_version(thread: Thread) ->
     )
     stored = Checkpoint.objects.get(pk=checkpoint.pk)
     assert stored.model == {"name": "gpt-x", "version": "2026-01", "temperature": 0.2, "top_p": 0.9, "seed": 42}
-    assert (stored.step, stored.label, stored.status, stored.schema_version) == (7, "search_flights",
-                                                                                 "waiting_for_approval", 3)
+    assert (stored.step, stored.label, stored.status, stored.schema_version) == (
+        7,
+        "search_flights",
+        "waiting_for_approval",
+        3,
+    )
     assert stored.metadata == {"customer": "acme"}
     thread.refresh_from_db()
     assert (thread.status, thread.step, thread.head_id) == (ThreadStatus.WAITING_FOR_APPROVAL, 7, checkpoint.pk)
@@ -307,7 +314,9 @@ def test_state_above_the_size_limit_is_refused_naming_the_limit(thread: Thread, 
     settings.QUICKSAVE_MAX_STATE_BYTES = 10_000
     parent = store.append_checkpoint(thread=thread, parent=None, state={"log": []})
     with pytest.raises(StateTooLarge, match="limit is 10000 bytes") as raised:
-        store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * 10_000}])
+        store.append_checkpoint(
+            thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * 10_000}]
+        )
     assert raised.value.detail["limit"] == 10_000
     assert Checkpoint.objects.filter(thread=thread).count() == 1
 

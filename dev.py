@@ -1,0 +1,289 @@
+#!/usr/bin/env python3
+"""Quicksave's developer entry point: one command to run the app, one to test it.
+
+    python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
+    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest
+    python3 dev.py lint                              ruff, ruff format --check, mypy
+    python3 dev.py fmt                               ruff format, ruff check --fix
+
+Standard library only: it runs before .venv exists. With DATABASE_URL unset,
+settings.py starts an embedded PostgreSQL under var/ on first use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+from urllib.parse import parse_qs, urlparse
+
+ROOT = Path(__file__).resolve().parent
+VENV = ROOT / ".venv"
+VENV_BIN = VENV / "bin"
+PYTHON = VENV_BIN / "python"
+RUFF = VENV_BIN / "ruff"
+REQUIREMENTS = ROOT / "requirements.txt"
+REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
+SDK = ROOT / "sdk"
+DEFAULT_CHROMIUM = "/usr/bin/chromium"
+
+
+def step(title: str) -> None:
+    print(f"==> {title}", flush=True)
+
+
+def run(*args: str | Path) -> None:
+    subprocess.run([str(arg) for arg in args], cwd=ROOT, check=True)
+
+
+def manage(*args: str) -> None:
+    run(PYTHON, "manage.py", *args)
+
+
+def exec_python(*args: str) -> NoReturn:
+    """Replace this process, so Ctrl-C and SIGTERM reach the server or pytest directly."""
+    sys.stdout.flush()
+    os.execv(PYTHON, [str(PYTHON), *args])  # noqa: S606  (fixed argv, no shell)
+
+
+# --- virtualenv ----------------------------------------------------------------------------------
+
+
+def requirement_files(path: Path) -> list[Path]:
+    """`path` and every file it pulls in with `-r`, recursively."""
+    files = [path]
+    for line in path.read_text().splitlines():
+        match = re.match(r"\s*(?:-r|--requirement)[\s=]+(\S+)", line)
+        if match:
+            files += requirement_files(path.parent / match.group(1))
+    return files
+
+
+def fingerprint(paths: Sequence[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def stamp_path(source: Path) -> Path:
+    return VENV / f".quicksave-{source.relative_to(ROOT).as_posix().replace('/', '-')}.sha256"
+
+
+def is_current(source: Path, files: Sequence[Path]) -> bool:
+    stamp = stamp_path(source)
+    return stamp.exists() and stamp.read_text().strip() == fingerprint(files)
+
+
+def mark_current(source: Path, files: Sequence[Path]) -> None:
+    stamp_path(source).write_text(fingerprint(files) + "\n")
+
+
+def ensure_venv(requirements: Path) -> None:
+    """Create .venv if missing and install `requirements` unless they are unchanged since the last install."""
+    if not PYTHON.exists():
+        step(f"create virtualenv {VENV.relative_to(ROOT)}/")
+        run(sys.executable, "-m", "venv", VENV)
+    files = requirement_files(requirements)
+    if is_current(requirements, files):
+        print(f"    {requirements.name} unchanged since the last install")
+        return
+    step(f"pip install -r {requirements.name}")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", requirements)
+    # An included file (requirements.txt from requirements-dev.txt) is now installed too.
+    for included in files:
+        mark_current(included, requirement_files(included))
+
+
+def ensure_sdk() -> None:
+    pyproject = SDK / "pyproject.toml"
+    if not pyproject.exists() or is_current(pyproject, [pyproject]):
+        return
+    step("pip install -e sdk")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", SDK)
+    mark_current(pyproject, [pyproject])
+
+
+def use_venv_environment() -> None:
+    """Children (manage.py, tests that spawn processes) see the venv first on PATH."""
+    os.environ["PYTHONUNBUFFERED"] = "1"
+    os.environ["VIRTUAL_ENV"] = str(VENV)
+    os.environ["PATH"] = f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}"
+    os.environ.pop("PYTHONHOME", None)
+
+
+# --- database, static files, browser ---------------------------------------------------------------
+
+
+def var_dir() -> Path:
+    return ROOT / os.environ.get("QUICKSAVE_VAR_DIR", "var")  # an absolute value replaces ROOT
+
+
+def describe_database() -> str:
+    """Where the data goes, without the password."""
+    url = os.environ.get("DATABASE_URL", "")
+    if not url:
+        return f"embedded PostgreSQL under {var_dir() / 'pgdata'} (DATABASE_URL is unset)"
+    parsed = urlparse(url)
+    host = parsed.hostname or parse_qs(parsed.query).get("host", ["local socket"])[-1]
+    try:
+        port = f":{parsed.port}" if parsed.port else ""
+    except ValueError:
+        port = ":?"
+    user = f"{parsed.username}@" if parsed.username else ""
+    return f"PostgreSQL at {user}{host}{port}{parsed.path} (DATABASE_URL)"
+
+
+def static_sources() -> list[Path]:
+    """static/ and every app's <app>/static/ — not var/ (where they are collected) nor dot folders."""
+    skip = {var_dir().resolve(), VENV.resolve()}
+    found = [ROOT / "static", *ROOT.glob("*/static")]
+    return sorted(
+        p for p in found if p.is_dir() and p.parent.resolve() not in skip and not p.parent.name.startswith(".")
+    )
+
+
+def static_fingerprint() -> str:
+    # Installed apps (admin, API docs) ship static files too: a requirements change re-collects.
+    digest = hashlib.sha256(fingerprint(requirement_files(REQUIREMENTS)).encode())
+    for source in static_sources():
+        for path in sorted(source.rglob("*")):
+            if path.is_file():
+                info = path.stat()
+                digest.update(f"{path.relative_to(ROOT)}:{info.st_size}:{info.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
+def collectstatic_if_needed() -> None:
+    stamp = var_dir() / "static" / ".quicksave-collected"
+    current = static_fingerprint()
+    if stamp.exists() and stamp.read_text().strip() == current:
+        print("    static files up to date")
+        return
+    step("collectstatic")
+    manage("collectstatic", "--noinput", "--verbosity", "0")
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    stamp.write_text(current + "\n")
+
+
+def has_management_command(name: str) -> bool:
+    listing = subprocess.run(
+        [str(PYTHON), "manage.py", "help", "--commands"], cwd=ROOT, check=True, capture_output=True, text=True
+    )
+    return name in listing.stdout.split()
+
+
+def warn_if_no_chromium() -> None:
+    chromium = os.environ.get("QUICKSAVE_CHROMIUM") or DEFAULT_CHROMIUM
+    if not os.access(chromium, os.X_OK):
+        print(
+            f"WARNING: no Chromium at {chromium}: browser tests will be SKIPPED. "
+            "Install Debian's chromium (apt-get install chromium) or set QUICKSAVE_CHROMIUM.",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+def lint() -> None:
+    step("ruff check")
+    run(RUFF, "check", ".")
+    step("ruff format --check")
+    run(RUFF, "format", "--check", ".")
+    step("mypy")
+    run(PYTHON, "-m", "mypy", ".")
+
+
+def command_run(host: str, port: int) -> NoReturn:
+    ensure_venv(REQUIREMENTS)
+    print(f"    database: {describe_database()}", flush=True)
+    step("migrate")
+    manage("migrate", "--noinput")
+    step("ensureadmin")
+    manage("ensureadmin")
+    collectstatic_if_needed()
+    if has_management_command("seed_demo"):
+        step("seed_demo")
+        manage("seed_demo")
+    step(f"serve http://{host}:{port}/")
+    exec_python("-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port))
+
+
+def command_test(pytest_args: Sequence[str]) -> NoReturn:
+    ensure_venv(REQUIREMENTS_DEV)
+    ensure_sdk()
+    print(f"    database: {describe_database()}", flush=True)
+    warn_if_no_chromium()
+    lint()
+    step("pytest " + " ".join(pytest_args))
+    # pytest's own exit status goes straight to the caller; 5 ("no tests collected") is non-zero, so a failure.
+    exec_python("-m", "pytest", *pytest_args)
+
+
+def command_lint() -> None:
+    ensure_venv(REQUIREMENTS_DEV)
+    lint()
+
+
+def command_fmt() -> None:
+    ensure_venv(REQUIREMENTS_DEV)
+    step("ruff format")
+    run(RUFF, "format", ".")
+    step("ruff check --fix")
+    run(RUFF, "check", "--fix", ".")
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """Split off everything after `--` (passed to pytest) and parse the rest."""
+    extra: list[str] = []
+    if "--" in argv:
+        extra = argv[argv.index("--") + 1 :]
+        argv = argv[: argv.index("--")]
+    parser = argparse.ArgumentParser(prog="dev.py", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("run", help="set everything up and serve the dashboard")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    commands.add_parser("test", help="lint, type-check and run the whole test suite (pytest args after --)")
+    commands.add_parser("lint", help="ruff, ruff format --check, mypy")
+    commands.add_parser("fmt", help="ruff format, ruff check --fix")
+    args = parser.parse_args(argv)
+    if extra and args.command != "test":
+        parser.error("only `test` takes arguments after --")
+    return args, extra
+
+
+def main(argv: list[str]) -> int:
+    if sys.version_info < (3, 11):  # noqa: UP036  (a newcomer may run it with an older system python)
+        print(f"dev.py needs Python 3.11+, this is {sys.version.split()[0]}", file=sys.stderr)
+        return 2
+    args, pytest_args = parse(argv)
+    os.chdir(ROOT)
+    use_venv_environment()
+    try:
+        if args.command == "run":
+            command_run(args.host, args.port)
+        elif args.command == "test":
+            command_test(pytest_args)
+        elif args.command == "lint":
+            command_lint()
+        else:
+            command_fmt()
+    except subprocess.CalledProcessError as failed:
+        print(f"dev.py: failed (exit {failed.returncode}): {' '.join(map(str, failed.cmd))}", file=sys.stderr)
+        return failed.returncode or 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

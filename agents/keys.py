@@ -10,7 +10,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import threading
+import time
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -32,8 +35,32 @@ def create_agent_key(*, agent: Agent, label: str = "") -> tuple[AgentKey, str]:
     return key, f"{KEY_PREFIX}{prefix}_{secret}"
 
 
+# Tokens recently found valid, by SHA-256, so an agent writing many checkpoints a
+# second does not pay a key lookup on each. A revocation reaches other processes
+# within QUICKSAVE_KEY_CACHE_SECONDS; this process forgets the key at once.
+_recent: dict[str, tuple[AgentKey, float]] = {}
+_recent_lock = threading.Lock()
+
+
 def find_agent_key(raw: str) -> AgentKey | None:
     """The active key a bearer token names, or None when it is unknown, revoked or wrong."""
+    token_hash = _hash_secret(raw)
+    now = time.monotonic()
+    with _recent_lock:
+        hit = _recent.get(token_hash)
+    if hit is not None and hit[1] > now:
+        return hit[0]
+    key = _lookup(raw)
+    ttl: int = settings.QUICKSAVE_KEY_CACHE_SECONDS
+    if key is not None and ttl > 0:
+        with _recent_lock:
+            if len(_recent) > 10_000:
+                _recent.clear()
+            _recent[token_hash] = (key, now + ttl)
+    return key
+
+
+def _lookup(raw: str) -> AgentKey | None:
     if not raw.startswith(KEY_PREFIX):
         return None
     prefix, sep, secret = raw[len(KEY_PREFIX) :].partition("_")
@@ -47,6 +74,9 @@ def find_agent_key(raw: str) -> AgentKey | None:
 
 def revoke_agent_key(*, key: AgentKey) -> None:
     AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    with _recent_lock:
+        for token_hash in [h for h, (cached, _) in _recent.items() if cached.pk == key.pk]:
+            del _recent[token_hash]
 
 
 def get_or_create_agent(*, name: str, version: str = "1", description: str = "") -> Agent:

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import psycopg
+
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
@@ -46,11 +48,22 @@ DEFAULT_SIZES: tuple[int, ...] = (100, 1000)
 
 Runner = Callable[[int], list[Result]]
 
+# LangGraph last: its run leaves hundreds of MiB of dirty pages and WAL behind,
+# which would slow whoever ran next.
 CONTENDERS: tuple[tuple[str, Runner], ...] = (
     ("floor", lambda steps: [run_floor(steps)]),
-    ("langgraph", lambda steps: [run_langgraph(steps)]),
     ("quicksave", run_quicksave),
+    ("langgraph", lambda steps: [run_langgraph(steps)]),
 )
+
+
+def settle() -> None:
+    """Flush dirty pages before a contender, so none pays for the previous one's writes."""
+    try:
+        with psycopg.connect(bench_conninfo(), autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.Error as exc:  # CHECKPOINT needs a superuser or pg_checkpoint
+        print(f"[note] could not CHECKPOINT between contenders: {exc}", flush=True)
 
 
 def parse_sizes(values: Sequence[str] | None) -> list[int]:
@@ -76,6 +89,7 @@ def run_size(steps: int, only: set[str] | None = None) -> list[Result]:
     for label, runner in CONTENDERS:
         if only and label not in only:
             continue
+        settle()
         try:
             results.extend(runner(steps))
         except NotImplementedError as exc:

@@ -42,6 +42,29 @@ def get_checkpoint_for(principal: Any, checkpoint_id: Any) -> Checkpoint:
     return checkpoint
 
 
+# A thread's agent never changes, so which agent owns a thread is remembered per
+# process: an agent writing a checkpoint then costs no lookup before the write.
+_owners: dict[Any, int] = {}
+
+
+def thread_for_write(principal: Any, thread_id: Any) -> Thread:
+    """The thread to write to, if the caller may write it (raises 404/403 otherwise)."""
+    if isinstance(principal, AgentPrincipal):
+        owner = _owners.get(thread_id)
+        if owner is None:
+            owner = Thread.objects.filter(pk=thread_id).values_list("agent_id", flat=True).first()
+            if owner is None:
+                raise Http404(f"Thread {thread_id} does not exist.")
+            if len(_owners) > 100_000:
+                _owners.clear()
+            _owners[thread_id] = owner
+        thread = Thread(pk=thread_id, agent_id=owner)
+    else:
+        thread = get_thread_for(principal, thread_id)
+    check_can_write(principal, thread)
+    return thread
+
+
 def check_can_write(principal: Any, thread: Thread) -> None:
     """Agents write their own threads; people need the add_checkpoint permission (admins)."""
     if isinstance(principal, AgentPrincipal):

@@ -18,13 +18,15 @@ from rest_framework.views import APIView
 from agents.auth import AgentPrincipal
 from agents.models import Agent
 from checkpoints import selectors, store
-from checkpoints.access import check_can_write, get_checkpoint_for, get_thread_for, visible_threads
+from checkpoints.access import check_can_write, get_checkpoint_for, get_thread_for, thread_for_write, visible_threads
 from checkpoints.models import Branch, Checkpoint, Thread
 from checkpoints.serializers import (
     CheckpointCreateSerializer,
     CheckpointDetailSerializer,
     CheckpointListQuerySerializer,
     CheckpointSummarySerializer,
+    checkpoint_summary,
+    parse_checkpoint_body,
     DiffQuerySerializer,
     ThreadCreateSerializer,
     ThreadDetailSerializer,
@@ -128,18 +130,12 @@ class CheckpointListView(APIView):
         if len(rows) == limit:
             query = urlencode({"branch": branch.name, "after_seq": rows[-1].seq, "limit": limit})
             next_url = request.build_absolute_uri(f"{request.path}?{query}")
-        context = {"branch_names": {branch.pk: branch.name}}
-        summaries = CheckpointSummarySerializer(rows, many=True, context=context).data  # type: ignore[arg-type]
-        return Response({"results": summaries, "next": next_url})
+        return Response({"results": [checkpoint_summary(row, branch.name) for row in rows], "next": next_url})
 
     @extend_schema(request=CheckpointCreateSerializer, responses={201: CheckpointSummarySerializer})
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:
-        thread = get_thread_for(request.user, thread_id)
-        check_can_write(request.user, thread)
-        serializer = CheckpointCreateSerializer(data=request.data)
-        serializer.is_valid(raise_exception=True)
-        data = serializer.validated_data
-        model = data.get("model")
+        thread = thread_for_write(request.user, thread_id)
+        data = parse_checkpoint_body(request.data)
         checkpoint = store.append_checkpoint(
             thread=thread,
             parent=data["parent"],
@@ -149,17 +145,13 @@ class CheckpointListView(APIView):
             step=data.get("step"),
             label=data.get("label", ""),
             status=data.get("status", "running"),
-            model=dict(model) if model else None,
+            model=data.get("model"),
             metadata=data.get("metadata"),
             schema_version=data.get("schema_version", 1),
-            tool_results=[dict(item) for item in data.get("tool_results", [])] or None,
+            tool_results=data.get("tool_results") or None,
         )
-        context = {"branch_names": {checkpoint.branch_id: data.get("branch") or _branch_name(checkpoint)}}
-        return Response(CheckpointSummarySerializer(checkpoint, context=context).data, status=status.HTTP_201_CREATED)
-
-
-def _branch_name(checkpoint: Checkpoint) -> str:
-    return store._branch_name(checkpoint.branch_id)
+        summary = checkpoint_summary(checkpoint, data.get("branch") or store.get_branch_name(checkpoint.branch_id))
+        return Response(summary, status=status.HTTP_201_CREATED)
 
 
 def _branch(thread: Thread, name: str | None) -> Branch:
@@ -178,9 +170,11 @@ class CheckpointDetailView(APIView):
     @extend_schema(responses=CheckpointDetailSerializer)
     def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
         checkpoint = get_checkpoint_for(request.user, checkpoint_id)
-        node = store.load_node(checkpoint.pk)
-        context = {"state": node.state, "branch_names": {checkpoint.branch_id: checkpoint.branch.name}}
-        return Response(CheckpointDetailSerializer(checkpoint, context=context).data)
+        node = store.load_node(checkpoint.pk)  # raises IntegrityFailure if a replayed row was altered
+        detail = checkpoint_summary(checkpoint, checkpoint.branch.name)
+        detail["state"] = node.state
+        detail["integrity"] = {"status": "verified", "mac": bytes(checkpoint.integrity).hex()}
+        return Response(detail)
 
 
 class CheckpointDiffView(APIView):

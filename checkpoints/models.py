@@ -50,6 +50,7 @@ class Thread(models.Model):
     step = models.IntegerField(null=True, blank=True)
     event_seq = models.BigIntegerField(default=0, help_text="Seq of the latest event in this thread.")
     created_at = models.DateTimeField(default=timezone.now)
+    # Moved by each write at most once a second (see store._APPEND_SQL).
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:

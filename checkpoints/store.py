@@ -203,7 +203,7 @@ def append_checkpoint(
     parent_node = load_node(parent_id) if parent_id is not None else None
     if parent_node is not None and parent_node.thread_id != thread.pk:
         raise NotFound(f"Checkpoint {parent_id} is not in thread {thread.pk}.", detail={"field": "parent"})
-    branch_name = branch or (_branch_name(parent_node.branch_id) if parent_node else MAIN_BRANCH)
+    branch_name = branch or (get_branch_name(parent_node.branch_id) if parent_node else MAIN_BRANCH)
     branch_id, fork_point_id = _branch(thread.pk, branch_name)
     same_branch = parent_node is not None and parent_node.branch_id == branch_id
     if not same_branch and parent_id != fork_point_id:
@@ -251,6 +251,19 @@ def append_checkpoint(
     if tool_results:
         from checkpoints.tools import put_tool_result
 
+        for index, item in enumerate(tool_results):
+            if (
+                not isinstance(item, dict)
+                or not isinstance(item.get("key"), str)
+                or not isinstance(item.get("tool", ""), str)
+                or "result" not in item
+            ):
+                raise InvalidState(
+                    f"`tool_results[{index}]` must be an object with a string `key`, a `result` and "
+                    "optionally a string `tool`.",
+                    detail={"field": "tool_results", "index": index},
+                )
+
         with transaction.atomic():
             _insert(params, branch_name=branch_name)
             for item in tool_results:
@@ -289,7 +302,9 @@ WITH cp AS (
 ), bumped AS (
     UPDATE checkpoints_thread SET
         event_seq = event_seq + 1,
-        updated_at = %(created_at)s::timestamptz,
+        -- At most once a second, so most of these updates touch no indexed column (HOT).
+        updated_at = CASE WHEN updated_at < %(created_at)s::timestamptz - interval '1 second'
+                          THEN %(created_at)s::timestamptz ELSE updated_at END,
         head_id = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(id)s::uuid ELSE head_id END,
         step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::int ELSE step END,
         status = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(status)s::text ELSE status END
@@ -483,7 +498,7 @@ def _branch(thread_id: UUID, name: str) -> tuple[int, UUID | None]:
     return known
 
 
-def _branch_name(branch_id: int) -> str:
+def get_branch_name(branch_id: int) -> str:
     name = _branch_names.get(branch_id)
     if name is None:
         name = _branch_names[branch_id] = Branch.objects.filter(pk=branch_id).values_list("name", flat=True).get()

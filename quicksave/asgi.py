@@ -1,20 +1,42 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
+HTTP requests run Django's WSGI handler in a worker thread, one thread hop per
+request. Django's own ASGI handler hops threads for every middleware and signal
+(over thirty hops a request), which cost more than our whole checkpoint write;
+every view here is synchronous anyway.
+
 Static files are served by the app itself unless QUICKSAVE_SERVE_STATIC is off
 (set it off behind a reverse proxy or CDN that serves STATIC_ROOT).
 """
 
 import os
+from typing import Any
 
 from django.conf import settings
-from django.core.asgi import get_asgi_application
+from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "quicksave.settings")
-django_asgi_app = get_asgi_application()
+django_wsgi_app = get_wsgi_application()
 
-from channels.routing import ProtocolTypeRouter  # noqa: E402  (Django must be set up first)
+from asgiref.sync import sync_to_async  # noqa: E402  (Django must be set up first)
+from asgiref.wsgi import WsgiToAsgi, WsgiToAsgiInstance  # noqa: E402
+from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
-http_app = ASGIStaticFilesHandler(django_asgi_app) if settings.QUICKSAVE_SERVE_STATIC else django_asgi_app
+
+class _PooledInstance(WsgiToAsgiInstance):
+    # asgiref runs every request on one shared thread (thread_sensitive); a pool lets
+    # requests that wait on the database overlap.
+    run_wsgi_app = sync_to_async(WsgiToAsgiInstance.__dict__["run_wsgi_app"].func, thread_sensitive=False)
+
+
+class PooledWsgiToAsgi(WsgiToAsgi):
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await _PooledInstance(self.wsgi_application)(scope, receive, send)
+
+
+http_app: Any = PooledWsgiToAsgi(django_wsgi_app)
+if settings.QUICKSAVE_SERVE_STATIC:
+    http_app = ASGIStaticFilesHandler(http_app)
 
 application = ProtocolTypeRouter({"http": http_app})

@@ -205,8 +205,13 @@ def test_timeline_query_count_does_not_grow_with_the_page(
         ({"parent": "not-a-uuid", "state": {}}, 400, "invalid", "parent"),
         ({"parent": None, "state": [1, 2]}, 400, "invalid", "state"),
         ({"parent": None, "state": {}, "step": "ten"}, 400, "invalid", "step"),
-        ({"parent": None, "state": {}, "status": "sleeping"}, 400, "invalid", "status"),
-        ({"parent": None, "state": {}, "label": "x" * 201}, 400, "invalid", "label"),
+        ({"parent": None, "state": {}, "status": "sleeping"}, 422, "invalid_state", "status"),
+        ({"parent": None, "state": {}, "label": "x" * 201}, 422, "invalid_state", "label"),
+        ({"parent": None, "state": {}, "step": True}, 400, "invalid", "step"),
+        ({"parent": None, "state": {}, "patches": []}, 400, "invalid", "patches"),
+        ({"state": {}}, 400, "invalid", "parent"),
+        ({"parent": None, "state": {}, "tool_results": [{"result": 1}]}, 422, "invalid_state", "tool_results[0]"),
+        ({"parent": None, "state": {}, "model": {"temperature": "hot"}}, 422, "invalid_state", "temperature"),
         ({"parent": None, "state": {}, "branch": "nope"}, 404, "not_found", "nope"),
         ({"parent": "PARENT", "patch": [{"op": "remove", "path": "/zzz"}]}, 422, "invalid_patch", "/zzz"),
         ({"parent": "PARENT", "patch": [{"op": "add", "path": "/a"}]}, 422, "invalid_patch", "value"),
@@ -347,3 +352,13 @@ def test_openapi_schema_and_docs_are_served_without_a_cdn(client: Any, viewer: A
     html = docs.content.decode()
     assert "cdn" not in html.lower()
     assert "/static/drf_spectacular_sidecar/swagger-ui-dist/" in html
+
+
+def test_the_documented_summary_schema_matches_what_the_api_returns(owner_client: APIClient) -> None:
+    from checkpoints.serializers import CheckpointDetailSerializer, CheckpointSummarySerializer
+
+    thread = new_thread(owner_client)
+    written = checkpoint(owner_client, thread["id"], parent=None, state={"a": 1}).json()
+    assert set(written) == set(CheckpointSummarySerializer().fields)
+    detail = owner_client.get(f"/api/v1/checkpoints/{written['id']}/").json()
+    assert set(detail) == set(CheckpointDetailSerializer().fields)

@@ -336,7 +336,7 @@ def test_a_new_branch_starts_at_its_fork_point(thread: Thread) -> None:
     assert forked.seq == 1
     assert store.state_at(forked)["messages"] == store.state_at(written[2])["messages"]
     after = store.append_checkpoint(thread=thread, parent=forked, state={"done": True})
-    assert (after.seq, store._branch_name(after.branch_id)) == (2, "retry")
+    assert (after.seq, store.get_branch_name(after.branch_id)) == (2, "retry")
     with pytest.raises(StaleParent):
         store.append_checkpoint(thread=thread, parent=written[1], branch="retry", state={})
     thread.refresh_from_db()

@@ -9,6 +9,8 @@ events, threads, branches), measured on tables emptied before each run.
 from __future__ import annotations
 
 import gc
+import http.client
+import json
 import os
 import random
 import socket
@@ -149,9 +151,10 @@ def _free_port() -> int:
 
 
 def run_http(steps: int) -> Result:
-    """POST the workload as patches to a running ASGI server (uvicorn) over one keep-alive connection."""
-    import httpx
+    """POST the workload as patches to a running ASGI server (uvicorn) over one keep-alive connection.
 
+    The client is the standard library's http.client: the figure is the server's, not a client library's.
+    """
     setup_django()
     from agents.keys import create_agent_key
 
@@ -164,42 +167,50 @@ def run_http(steps: int) -> Result:
          "--no-access-log", "--log-level", "warning"],
         cwd=ROOT, env=env,
     )  # fmt: skip
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def call(method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        connection.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+        response = connection.getresponse()
+        return response.status, json.loads(response.read() or b"null")
+
     try:
-        base = f"http://127.0.0.1:{port}"
-        with httpx.Client(base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30) as client:
-            for _ in range(200):
-                try:
-                    if client.get("/healthz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-            thread = client.post("/api/v1/threads/", json={"agent": "bench"}).json()
-            url = f"/api/v1/threads/{thread['id']}/checkpoints/"
-            first = client.post(url, json={"parent": None, "state": {"messages": [], "step": 0, "facts": {}}})
-            parent = first.json()["id"]
-            latencies: list[float] = []
-            stamps: list[float] = []
-            t0 = time.perf_counter()
-            for s in workload(steps):
-                body = {
-                    "parent": parent, "step": s.step,
-                    "patch": [
-                        {"op": "add", "path": "/messages/-", "value": s.message},
-                        {"op": "replace", "path": "/step", "value": s.step},
-                        {"op": "replace", "path": "/facts", "value": s.facts},
-                    ],
-                }  # fmt: skip
-                started = time.perf_counter()
-                response = client.post(url, json=body)
-                done = time.perf_counter()
-                assert response.status_code == 201, response.text
-                parent = response.json()["id"]
-                latencies.append((done - started) * 1000)
-                stamps.append(done)
-            cps = steps / (stamps[-1] - t0)
-            latest = client.get(f"/api/v1/checkpoints/{parent}/").json()
-            assert latest["state"]["step"] == steps and len(latest["state"]["messages"]) == steps
+        for _ in range(300):
+            try:
+                if call("GET", "/healthz")[0] == 200:
+                    break
+            except OSError:
+                connection.close()
+                time.sleep(0.1)
+        _, thread = call("POST", "/api/v1/threads/", {"agent": "bench"})
+        url = f"/api/v1/threads/{thread['id']}/checkpoints/"
+        _, first = call("POST", url, {"parent": None, "state": {"messages": [], "step": 0, "facts": {}}})
+        parent = first["id"]
+        latencies: list[float] = []
+        stamps: list[float] = []
+        t0 = time.perf_counter()
+        for s in workload(steps):
+            body = {
+                "parent": parent, "step": s.step,
+                "patch": [
+                    {"op": "add", "path": "/messages/-", "value": s.message},
+                    {"op": "replace", "path": "/step", "value": s.step},
+                    {"op": "replace", "path": "/facts", "value": s.facts},
+                ],
+            }  # fmt: skip
+            started = time.perf_counter()
+            status, written = call("POST", url, body)
+            done = time.perf_counter()
+            assert status == 201, written
+            parent = written["id"]
+            latencies.append((done - started) * 1000)
+            stamps.append(done)
+        cps = steps / (stamps[-1] - t0)
+        _, latest = call("GET", f"/api/v1/checkpoints/{parent}/")
+        assert latest["state"]["step"] == steps and len(latest["state"]["messages"]) == steps
     finally:
+        connection.close()
         server.terminate()
         server.wait(timeout=30)
     p99 = statistics.quantiles(latencies, n=100)[98]

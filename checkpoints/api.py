@@ -25,8 +25,6 @@ from checkpoints.serializers import (
     CheckpointDetailSerializer,
     CheckpointListQuerySerializer,
     CheckpointSummarySerializer,
-    checkpoint_summary,
-    parse_checkpoint_body,
     DiffQuerySerializer,
     ThreadCreateSerializer,
     ThreadDetailSerializer,
@@ -34,6 +32,8 @@ from checkpoints.serializers import (
     ThreadSerializer,
     ToolResultPutSerializer,
     ToolResultSerializer,
+    checkpoint_summary,
+    parse_checkpoint_body,
 )
 from checkpoints.tools import get_tool_result, put_tool_result
 

@@ -55,6 +55,11 @@ class Thread(models.Model):
 
     class Meta:
         ordering = ["-updated_at"]
+        permissions = [
+            ("decide_approval", "Can approve or reject a suspended step"),
+            ("fork_thread", "Can rewind, edit state and branch a thread"),
+            ("cancel_thread", "Can cancel or resume a thread"),
+        ]
         constraints = [
             models.UniqueConstraint(
                 fields=["agent", "external_id"],

@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Count, Q, QuerySet
 
 from checkpoints.models import Branch, Checkpoint, Thread
 
@@ -78,3 +78,41 @@ def parse_metadata_query(raw: str) -> dict[str, Any]:
     except ValueError:
         parsed = text
     return {key.strip(): parsed}
+
+
+THREAD_SORTS: dict[str, tuple[str, str]] = {
+    # key: (field, direction); ties are broken by id in the same direction.
+    "-updated": ("updated_at", "desc"),
+    "updated": ("updated_at", "asc"),
+    "-created": ("created_at", "desc"),
+    "created": ("created_at", "asc"),
+}
+
+
+def status_counts(threads: QuerySet[Thread]) -> dict[str, int]:
+    """How many of these threads are in each status (one GROUP BY)."""
+    rows = threads.order_by().values_list("status").annotate(n=Count("id"))
+    return {status: n for status, n in rows}
+
+
+def thread_page(
+    threads: QuerySet[Thread], *, sort: str, after: tuple[datetime, str] | None, size: int
+) -> tuple[list[Thread], tuple[datetime, str] | None]:
+    """One page of threads in `sort` order after the keyset position `after`, and the next position.
+
+    Keyset pagination on (sort field, id): a page deep in thousands of threads costs
+    the same as the first.
+    """
+    field, direction = THREAD_SORTS[sort]
+    if after is not None:
+        value, last_id = after
+        before_or_after = "lt" if direction == "desc" else "gt"
+        threads = threads.filter(
+            Q(**{f"{field}__{before_or_after}": value}) | Q(**{field: value, f"id__{before_or_after}": last_id})
+        )
+    prefix = "-" if direction == "desc" else ""
+    rows = list(threads.order_by(f"{prefix}{field}", f"{prefix}id")[: size + 1])
+    if len(rows) <= size:
+        return rows, None
+    rows = rows[:size]
+    return rows, (getattr(rows[-1], field), str(rows[-1].pk))

@@ -32,10 +32,10 @@ class _PooledInstance(WsgiToAsgiInstance):
 
 class PooledWsgiToAsgi(WsgiToAsgi):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await _PooledInstance(self.wsgi_application)(scope, receive, send)
+        await _PooledInstance(self.wsgi_application)(scope, receive, send)  # type: ignore[no-untyped-call]
 
 
-http_app: Any = PooledWsgiToAsgi(django_wsgi_app)
+http_app: Any = PooledWsgiToAsgi(django_wsgi_app)  # type: ignore[no-untyped-call]
 if settings.QUICKSAVE_SERVE_STATIC:
     http_app = ASGIStaticFilesHandler(http_app)
 

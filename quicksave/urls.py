@@ -1,6 +1,8 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.http import HttpRequest, HttpResponse, JsonResponse
-from django.urls import include, path
+from django.shortcuts import render
+from django.urls import Resolver404, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from quicksave.health import healthz
@@ -10,25 +12,38 @@ urlpatterns = [
     path("api/v1/", include("checkpoints.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("", include("checkpoints.dashboard_urls")),
 ]
 
 
-def _api_error(request: HttpRequest, status: int, code: str, message: str) -> HttpResponse | None:
+def _error(request: HttpRequest, status: int, code: str, default: str, exception: Exception | None) -> HttpResponse:
+    """API paths get the JSON error format; pages get a page in the dashboard's layout."""
+    message = default
+    args = getattr(exception, "args", ())
+    if args and isinstance(args[0], str) and not isinstance(exception, Resolver404):
+        message = args[0]
     if request.path.startswith("/api/"):
         return JsonResponse({"error": {"code": code, "message": message, "detail": {}}}, status=status)
-    return None
+    return render(request, f"{status}.html", {"message": message if message != default else ""}, status=status)
+
+
+def handler400(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return _error(request, 400, "bad_request", "The request could not be understood.", exception)
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    return _error(request, 403, "permission_denied", "You may not do this.", exception)
 
 
 def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
-    from django.views.defaults import page_not_found
-
-    return _api_error(request, 404, "not_found", f"Nothing is at {request.path}.") or page_not_found(
-        request, exception or Exception()
-    )
+    return _error(request, 404, "not_found", f"Nothing is at {request.path}.", exception)
 
 
 def handler500(request: HttpRequest) -> HttpResponse:
-    from django.views.defaults import server_error
-
-    return _api_error(request, 500, "server_error", "Quicksave failed to handle this request.") or server_error(request)
+    if request.path.startswith("/api/"):
+        message = "Quicksave failed to handle this request."
+        return JsonResponse({"error": {"code": "server_error", "message": message, "detail": {}}}, status=500)
+    return render(request, "500.html", status=500)

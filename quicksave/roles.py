@@ -1,0 +1,60 @@
+"""Roles are Django groups: viewer reads, reviewer also decides approvals, admin also forks,
+edits state, cancels and manages keys. `grantrole` and the dashboard use these definitions."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
+from django.db import transaction
+
+VIEWER = "viewer"
+REVIEWER = "reviewer"
+ADMIN = "admin"
+ROLES = (VIEWER, REVIEWER, ADMIN)
+
+_VIEW = ["checkpoints.view_thread", "checkpoints.view_checkpoint"]
+_REVIEW = [*_VIEW, "checkpoints.decide_approval"]
+_ADMIN = [*_REVIEW, "checkpoints.fork_thread", "checkpoints.cancel_thread", "checkpoints.add_thread",
+          "checkpoints.add_checkpoint", "agents.add_agentkey", "agents.change_agentkey"]  # fmt: skip
+ROLE_PERMISSIONS: dict[str, list[str]] = {VIEWER: _VIEW, REVIEWER: _REVIEW, ADMIN: _ADMIN}
+
+
+def _permissions(names: list[str]) -> list[Permission]:
+    found = []
+    for name in names:
+        app_label, codename = name.split(".")
+        found.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    return found
+
+
+@transaction.atomic
+def ensure_roles() -> dict[str, Group]:
+    """Create the three role groups and set their permissions to exactly the definitions above."""
+    groups = {}
+    for role, names in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        group.permissions.set(_permissions(names))
+        groups[role] = group
+    return groups
+
+
+@transaction.atomic
+def grant_role(*, user: AbstractBaseUser, role: str) -> None:
+    """Give `user` exactly one role, replacing any other."""
+    if role not in ROLES:
+        raise ValueError(f"Unknown role {role!r}; the roles are {', '.join(ROLES)}.")
+    groups = ensure_roles()
+    user.groups.remove(*[groups[other] for other in ROLES if other != role])  # type: ignore[attr-defined]
+    user.groups.add(groups[role])  # type: ignore[attr-defined]
+
+
+def role_of(user: AbstractBaseUser | AnonymousUser) -> str | None:
+    """The highest role a person holds (a superuser counts as admin)."""
+    if not user.is_authenticated:
+        return None
+    if getattr(user, "is_superuser", False):
+        return ADMIN
+    names = {group.name for group in user.groups.all()}  # type: ignore[union-attr]
+    for role in reversed(ROLES):
+        if role in names:
+            return role
+    return None

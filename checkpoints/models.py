@@ -17,12 +17,12 @@ from checkpoints.ids import new_id
 
 
 class ThreadStatus(models.TextChoices):
-    RUNNING = "running"
-    WAITING_FOR_APPROVAL = "waiting_for_approval"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    RUNNING = "running", "Running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval", "Waiting for approval"
+    PAUSED = "paused", "Paused"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class Thread(models.Model):
@@ -103,12 +103,12 @@ class Branch(models.Model):
 
 
 class CheckpointStatus(models.TextChoices):
-    RUNNING = "running"
-    WAITING_FOR_APPROVAL = "waiting_for_approval"
-    PAUSED = "paused"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
+    RUNNING = "running", "Running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval", "Waiting for approval"
+    PAUSED = "paused", "Paused"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
 
 
 class PayloadKind(models.IntegerChoices):

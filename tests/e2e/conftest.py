@@ -1,0 +1,95 @@
+"""Browser tests: Debian's Chromium driven by Playwright against pytest-django's live server.
+
+Screenshots of every page a test visits go to $QUICKSAVE_TEST_OUTPUT (default: test-output/)
+under screenshots/. Any console error or failed request on a page fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+
+from quicksave.roles import grant_role
+
+CHROMIUM = os.environ.get("QUICKSAVE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--no-first-run",
+    "--disable-sync",
+]
+OUTPUT = Path(os.environ.get("QUICKSAVE_TEST_OUTPUT", Path(__file__).resolve().parents[2] / "test-output"))
+PASSWORD = "correct-horse-battery-9"
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"Chromium is not installed at {CHROMIUM} (set QUICKSAVE_CHROMIUM)")
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API refuses to start inside a running event loop; Django's
+    # async-unsafe check would also trip on its thread, so allow it for these tests.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+class Pages:
+    """A signed-in browser tab that records console errors and saves screenshots."""
+
+    def __init__(self, page: Any, base_url: str, name: str) -> None:
+        self.page = page
+        self.base_url = base_url
+        self.name = name
+        self.errors: list[str] = []
+        page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("requestfailed", lambda request: self.errors.append(f"failed: {request.url}"))
+
+    def goto(self, path: str) -> Any:
+        return self.page.goto(self.base_url + path)
+
+    def login(self, username: str, password: str = PASSWORD) -> None:
+        self.goto("/login/")
+        self.page.fill("#id_username", username)
+        self.page.fill("#id_password", password)
+        self.page.click("button[type=submit]")
+        self.page.wait_for_load_state()
+
+    def shot(self, label: str) -> Path:
+        folder = OUTPUT / "screenshots"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"{self.name}--{re.sub(r'[^a-z0-9]+', '-', label.lower())}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+
+@pytest.fixture(params=["light", "dark"])
+def tab(request: Any, browser: Any, live_server: Any) -> Iterator[Pages]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=request.param)
+    page = context.new_page()
+    pages = Pages(page, live_server.url, f"{request.node.originalname}-{request.param}")
+    yield pages
+    context.close()
+    assert pages.errors == [], f"console errors: {pages.errors}"
+
+
+def make_person(username: str, role: str | None) -> User:
+    user = User.objects.create_user(username, password=PASSWORD)
+    if role:
+        grant_role(user=user, role=role)
+    return user

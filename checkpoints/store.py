@@ -114,6 +114,12 @@ _branches: dict[tuple[UUID, str], tuple[int, UUID | None]] = {}
 _branch_names: dict[int, str] = {}
 
 
+def _forget_thread(thread_id: UUID) -> None:
+    for key in [key for key in _branches if key[0] == thread_id]:
+        branch_id, _ = _branches.pop(key)
+        _branch_names.pop(branch_id, None)
+
+
 def clear_caches() -> None:
     """Forget every cached state (tests use it to force a replay from the database)."""
     _cache.clear()
@@ -335,7 +341,12 @@ def _insert(params: dict[str, Any], *, branch_name: str) -> None:
     # The psycopg connection is Django's own, so the statement joins any
     # transaction.atomic block the caller is in.
     with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_APPEND_SQL, params, prepare=True)
+        try:
+            cursor.execute(_APPEND_SQL, params, prepare=True)
+        except psycopg.errors.ForeignKeyViolation:
+            # The branch (and so the thread) was deleted after this process cached it.
+            _forget_thread(params["thread_id"])
+            raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
         written = cursor.fetchone()
     if written is None:
         head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])

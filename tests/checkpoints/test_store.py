@@ -347,3 +347,20 @@ def test_create_thread_returns_the_existing_thread_for_the_same_external_id(agen
     first, created = store.create_thread(agent=agent, external_id="ext-1", metadata={"a": 1})
     again, created_again = store.create_thread(agent=agent, external_id="ext-1")
     assert (created, created_again, again.pk) == (True, False, first.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agent) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    # Another process deletes the thread; this one still has its branch cached.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM checkpoints_event WHERE thread_id = %s", [thread.pk])
+        cursor.execute("DELETE FROM checkpoints_checkpoint WHERE thread_id = %s", [thread.pk])
+        cursor.execute(
+            "UPDATE checkpoints_thread SET active_branch_id = NULL, head_id = NULL WHERE id = %s", [thread.pk]
+        )
+        cursor.execute("DELETE FROM checkpoints_branch WHERE thread_id = %s", [thread.pk])
+        cursor.execute("DELETE FROM checkpoints_thread WHERE id = %s", [thread.pk])
+    with pytest.raises(NotFound, match="no longer exists"):
+        store.append_checkpoint(thread=thread, parent=None, state={"b": 2})

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from django.db import models
+from django.utils import timezone
+
+from checkpoints.ids import new_id
 
 
 class Agent(models.Model):
@@ -10,6 +13,9 @@ class Agent(models.Model):
     version = models.CharField(max_length=32, default="1")
     description = models.TextField(blank=True)
     state_schema = models.JSONField(null=True, blank=True, help_text="Optional JSON Schema for the state.")
+    action_schemas = models.JSONField(
+        default=dict, blank=True, help_text="{action: JSON Schema} that edited approval args must satisfy."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -39,3 +45,58 @@ class AgentKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class RunStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    COMPLETED = "completed", "Completed"
+    FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class RunReason(models.TextChoices):
+    START = "start", "Start"
+    APPROVAL = "approval", "Approval decided"
+    FORK = "fork", "Fork"
+    MANUAL = "manual", "Manual resume"
+    RECOVERY = "recovery", "Crash recovery"
+
+
+class Run(models.Model):
+    """A resume job: continue thread T from checkpoint C because of R.
+
+    A worker (or an external agent) claims it under a lease and keeps the lease
+    with heartbeats; a run whose lease ran out is claimed again by someone else.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    agent = models.ForeignKey(Agent, on_delete=models.CASCADE, related_name="runs", db_index=False)
+    thread = models.ForeignKey("checkpoints.Thread", on_delete=models.CASCADE, related_name="runs")
+    checkpoint = models.ForeignKey("checkpoints.Checkpoint", on_delete=models.CASCADE, related_name="+", db_index=False)
+    reason = models.CharField(max_length=16, choices=RunReason.choices)
+    approval = models.ForeignKey(
+        "approvals.ApprovalRequest", null=True, blank=True, on_delete=models.SET_NULL, related_name="runs"
+    )
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.QUEUED)
+    attempts = models.IntegerField(default=0)
+    claimed_by = models.CharField(max_length=200, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            # What claim() scans: an agent's open runs, oldest first.
+            models.Index(
+                fields=["agent", "created_at"],
+                name="run_claimable",
+                condition=models.Q(status__in=["queued", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.reason}, {self.status})"

@@ -1,1 +1,68 @@
-"""Approval requests and decisions (issue 4 builds them on the checkpoint store)."""
+"""Approval requests: a suspended high-risk step waiting for a person's decision."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.utils import timezone
+
+from checkpoints.ids import new_id
+
+
+class ApprovalStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    APPROVED = "approved", "Approved"
+    REJECTED = "rejected", "Rejected"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+class Risk(models.TextChoices):
+    LOW = "low", "Low"
+    MEDIUM = "medium", "Medium"
+    HIGH = "high", "High"
+
+
+class ApprovalRequest(models.Model):
+    """What the agent wants to do, why, and — once decided — who decided what, and when.
+
+    Written only through approvals.services; exactly one decision ever wins.
+    """
+
+    id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    thread = models.ForeignKey("checkpoints.Thread", on_delete=models.CASCADE, related_name="approvals")
+    checkpoint = models.ForeignKey(
+        "checkpoints.Checkpoint", on_delete=models.CASCADE, related_name="approvals", db_index=False
+    )
+    action = models.CharField(max_length=200)
+    args = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True)
+    risk = models.CharField(max_length=8, choices=Risk.choices, default=Risk.HIGH)
+    expires_at = models.DateTimeField(null=True, blank=True)
+    status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
+    # The decision: approved args (the edited ones when a reviewer changed them), the
+    # reviewer's comment (required to reject), who and when. Empty while pending.
+    decided_args = models.JSONField(null=True, blank=True)
+    args_edited = models.BooleanField(default=False)
+    comment = models.TextField(blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["created_at"]
+        indexes = [
+            models.Index(fields=["status", "created_at"], name="approval_inbox"),
+            models.Index(fields=["expires_at"], name="approval_deadline", condition=models.Q(status="pending")),
+        ]
+        constraints = [
+            # A thread waits on at most one decision at a time.
+            models.UniqueConstraint(
+                fields=["thread"], condition=models.Q(status="pending"), name="one_pending_approval_per_thread"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} ({self.status})"

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from quicksave.errors import DomainError
 
 
-class StoreError(Exception):
-    code = "invalid"
-    status = 400
-
-    def __init__(self, message: str, *, detail: dict[str, Any] | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.detail = detail or {}
+class StoreError(DomainError):
+    """Anything the checkpoint store refuses."""
 
 
 class InvalidState(StoreError):

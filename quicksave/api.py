@@ -16,7 +16,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from checkpoints.errors import StoreError
+from quicksave.errors import DomainError
 
 
 def _reject_constant(name: str) -> Any:
@@ -82,7 +82,7 @@ def _first_message(detail: Any, prefix: str = "") -> str:
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    if isinstance(exc, StoreError):
+    if isinstance(exc, DomainError):
         return error_response(exc.code, exc.message, exc.status, exc.detail)
     if isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()

@@ -10,6 +10,7 @@ Static files are served by the app itself unless QUICKSAVE_SERVE_STATIC is off
 """
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
@@ -23,11 +24,16 @@ from asgiref.wsgi import WsgiToAsgi, WsgiToAsgiInstance  # noqa: E402
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
+# asgiref would run every request on one shared thread (thread_sensitive); a pool lets
+# requests that wait on the database overlap. Sized for runs/claim long-polls, which
+# hold a thread each for up to 30 seconds.
+_request_threads = ThreadPoolExecutor(max_workers=settings.QUICKSAVE_HTTP_THREADS, thread_name_prefix="http")
+
 
 class _PooledInstance(WsgiToAsgiInstance):
-    # asgiref runs every request on one shared thread (thread_sensitive); a pool lets
-    # requests that wait on the database overlap.
-    run_wsgi_app = sync_to_async(WsgiToAsgiInstance.__dict__["run_wsgi_app"].func, thread_sensitive=False)
+    run_wsgi_app = sync_to_async(
+        WsgiToAsgiInstance.__dict__["run_wsgi_app"].func, thread_sensitive=False, executor=_request_threads
+    )
 
 
 class PooledWsgiToAsgi(WsgiToAsgi):

@@ -3,7 +3,7 @@ edits state, cancels and manages keys. `grantrole` and the dashboard use these d
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser, Group, Permission
+from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 from django.db import transaction
 
 VIEWER = "viewer"
@@ -38,22 +38,24 @@ def ensure_roles() -> dict[str, Group]:
 
 
 @transaction.atomic
-def grant_role(*, user: AbstractBaseUser, role: str) -> None:
+def grant_role(*, user: User, role: str) -> None:
     """Give `user` exactly one role, replacing any other."""
     if role not in ROLES:
         raise ValueError(f"Unknown role {role!r}; the roles are {', '.join(ROLES)}.")
     groups = ensure_roles()
-    user.groups.remove(*[groups[other] for other in ROLES if other != role])  # type: ignore[attr-defined]
-    user.groups.add(groups[role])  # type: ignore[attr-defined]
+    user.groups.remove(*[groups[other] for other in ROLES if other != role])
+    user.groups.add(groups[role])
 
 
-def role_of(user: AbstractBaseUser | AnonymousUser) -> str | None:
+def role_of(user: User | AnonymousUser) -> str | None:
     """The highest role a person holds (a superuser counts as admin)."""
     if not user.is_authenticated:
         return None
-    if getattr(user, "is_superuser", False):
+    if isinstance(user, AnonymousUser):
+        return None
+    if user.is_superuser:
         return ADMIN
-    names = {group.name for group in user.groups.all()}  # type: ignore[union-attr]
+    names = {group.name for group in user.groups.all()}
     for role in reversed(ROLES):
         if role in names:
             return role

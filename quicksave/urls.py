@@ -10,6 +10,8 @@ from quicksave.health import healthz
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("api/v1/", include("checkpoints.urls")),
+    path("api/v1/", include("approvals.urls")),
+    path("api/v1/", include("agents.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -1,0 +1,151 @@
+"""The run queue: resume jobs claimed under a lease by workers and external agents.
+
+Claims use `SELECT ... FOR UPDATE SKIP LOCKED`, so any number of workers share the
+queue without blocking each other. A claim holds a lease; the holder renews it with
+heartbeats, and a run whose lease ran out (its worker died) is claimed again.
+Enqueuing sends a PostgreSQL NOTIFY on `quicksave_runs`, delivered at commit, so
+idle workers wake at once instead of polling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+from psycopg.conninfo import make_conninfo
+
+from agents.models import Agent, Run, RunReason, RunStatus
+from checkpoints.models import Checkpoint, Thread
+from checkpoints.store import record_event
+from quicksave.errors import DomainError
+
+CHANNEL = "quicksave_runs"
+
+
+class LeaseLost(DomainError):
+    """The run is no longer held by this worker: its lease expired and someone else claimed it."""
+
+    code = "lease_lost"
+    status = 409
+
+
+class RunFinished(DomainError):
+    code = "run_finished"
+    status = 409
+
+
+def enqueue_run(*, thread: Thread, checkpoint: Checkpoint, reason: str, approval: Any = None) -> Run:
+    """Queue a resume of `thread` from `checkpoint`; call inside the transaction that causes it."""
+    run = Run.objects.create(
+        agent_id=thread.agent_id, thread=thread, checkpoint=checkpoint, reason=reason, approval=approval
+    )
+    record_event(thread=thread, type="run.queued", data={"run": str(run.pk), "reason": reason,
+                                                         "checkpoint": str(checkpoint.pk)})  # fmt: skip
+    agent_name = Agent.objects.values_list("name", flat=True).get(pk=thread.agent_id)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, agent_name])
+    return run
+
+
+def claim_run(*, agents: Iterable[Agent], worker: str, lease_seconds: int | None = None) -> Run | None:
+    """Claim the oldest open run of any of `agents`, or None: a queued run, or one whose lease expired."""
+    agent_ids = [agent.pk for agent in agents]
+    if not agent_ids:
+        return None
+    lease = timedelta(seconds=lease_seconds or settings.QUICKSAVE_RUN_LEASE_SECONDS)
+    with transaction.atomic():
+        now = timezone.now()
+        run = (
+            Run.objects.select_for_update(skip_locked=True)
+            .filter(agent_id__in=agent_ids, status__in=[RunStatus.QUEUED, RunStatus.RUNNING])
+            .exclude(status=RunStatus.RUNNING, lease_expires_at__gt=now)
+            .order_by("created_at")
+            .first()
+        )
+        if run is None:
+            return None
+        recovered = run.status == RunStatus.RUNNING
+        run.status = RunStatus.RUNNING
+        run.attempts += 1
+        run.claimed_by = worker
+        run.lease_expires_at = now + lease
+        run.started_at = run.started_at or now
+        run.save(update_fields=["status", "attempts", "claimed_by", "lease_expires_at", "started_at"])
+        record_event(
+            thread=run.thread_id,
+            type="run.claimed",
+            data={"run": str(run.pk), "worker": worker, "attempt": run.attempts, "recovered": recovered},
+        )
+    return run
+
+
+def heartbeat(*, run: Run, worker: str, lease_seconds: int | None = None) -> Run:
+    """Extend the lease of a run this worker holds; LeaseLost if it is no longer ours."""
+    lease = timedelta(seconds=lease_seconds or settings.QUICKSAVE_RUN_LEASE_SECONDS)
+    updated = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING, claimed_by=worker).update(
+        lease_expires_at=timezone.now() + lease
+    )
+    if not updated:
+        raise LeaseLost(f"Run {run.pk} is no longer held by {worker}.", detail={"run": str(run.pk)})
+    run.refresh_from_db()
+    return run
+
+
+def finish_run(*, run: Run, worker: str, status: str, error: str = "") -> Run:
+    """Close a run this worker holds as completed or failed."""
+    if status not in (RunStatus.COMPLETED, RunStatus.FAILED):
+        raise ValueError(f"a run finishes as completed or failed, not {status!r}")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status != RunStatus.RUNNING:
+            raise RunFinished(f"Run {run.pk} is already {locked.status}.", detail={"status": locked.status})
+        if locked.claimed_by != worker:
+            raise LeaseLost(f"Run {run.pk} is held by another worker now.", detail={"run": str(run.pk)})
+        locked.status = status
+        locked.error = error[:10_000]
+        locked.finished_at = timezone.now()
+        locked.lease_expires_at = None
+        locked.save(update_fields=["status", "error", "finished_at", "lease_expires_at"])
+        record_event(thread=locked.thread_id, type=f"run.{status}",
+                     data={"run": str(locked.pk), "error": locked.error[:500]})  # fmt: skip
+    return locked
+
+
+class RunNotifications:
+    """A LISTEN on `quicksave_runs` over a connection of its own (LISTEN must sit outside
+    Django's transactions). Open it before looking for work, so a run queued between
+    the look and the wait still wakes the waiter."""
+
+    def __init__(self) -> None:
+        db = settings.DATABASES["default"]
+        self._conninfo = make_conninfo(
+            dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
+            host=db["HOST"] or None, port=db["PORT"] or None,
+        )  # fmt: skip
+        self._connection: psycopg.Connection[Any] | None = None
+
+    def __enter__(self) -> RunNotifications:
+        self._connection = psycopg.connect(self._conninfo, autocommit=True)
+        self._connection.execute(f"LISTEN {CHANNEL}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def wait(self, timeout: float) -> bool:
+        """Block until a run is queued or `timeout` seconds pass; True when woken by a notification."""
+        assert self._connection is not None, "use RunNotifications as a context manager"
+        woken = False
+        for _ in self._connection.notifies(timeout=timeout, stop_after=1):
+            woken = True
+        return woken
+
+
+__all__ = ["RunNotifications", "RunReason", "claim_run", "enqueue_run", "finish_run", "heartbeat"]

@@ -1,0 +1,105 @@
+"""REST API v1 for approvals: agents request them, reviewers decide them."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.http import Http404
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.pagination import CursorPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from approvals import services
+from approvals.models import ApprovalRequest
+from approvals.serializers import (
+    ApprovalCreateSerializer,
+    ApprovalListQuerySerializer,
+    DecisionSerializer,
+    approval_data,
+)
+from checkpoints.access import check_can_write, get_thread_for, visible_threads
+from checkpoints.models import Checkpoint
+
+
+def visible_approvals(principal: Any) -> Any:
+    return ApprovalRequest.objects.filter(thread__in=visible_threads(principal)).select_related(
+        "thread__agent", "decided_by"
+    )
+
+
+def get_approval_for(principal: Any, approval_id: Any) -> ApprovalRequest:
+    approval = visible_approvals(principal).filter(pk=approval_id).first()
+    if approval is None:
+        raise Http404(f"Approval {approval_id} does not exist.")
+    return approval
+
+
+class ApprovalPagination(CursorPagination):
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+    ordering = ("created_at", "id")
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"results": data, "next": self.get_next_link()})
+
+
+class ThreadApprovalsView(APIView):
+    @extend_schema(request=ApprovalCreateSerializer, responses={201: dict})
+    def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        check_can_write(request.user, thread)
+        serializer = ApprovalCreateSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        checkpoint = Checkpoint.objects.defer("payload").filter(pk=data["checkpoint"], thread=thread).first()
+        if checkpoint is None:
+            raise ValidationError({"checkpoint": "No such checkpoint in this thread."})
+        approval = services.request_approval(
+            thread=thread, checkpoint=checkpoint, action=data["action"], args=data["args"],
+            message=data["message"], risk=data["risk"], expires_at=data["expires_at"],
+        )  # fmt: skip
+        return Response(approval_data(get_approval_for(request.user, approval.pk)), status=status.HTTP_201_CREATED)
+
+
+class ApprovalListView(APIView):
+    @extend_schema(parameters=[ApprovalListQuerySerializer])
+    def get(self, request: Request) -> Response:
+        query = ApprovalListQuerySerializer(data=request.query_params.dict())
+        query.is_valid(raise_exception=True)
+        approvals = visible_approvals(request.user)
+        if query.validated_data.get("status"):
+            approvals = approvals.filter(status=query.validated_data["status"])
+        if query.validated_data.get("agent"):
+            approvals = approvals.filter(thread__agent__name=query.validated_data["agent"])
+        paginator = ApprovalPagination()
+        page = paginator.paginate_queryset(approvals, request, view=self)
+        return paginator.get_paginated_response([approval_data(approval) for approval in page or []])
+
+
+class ApprovalDetailView(APIView):
+    def get(self, request: Request, approval_id: uuid.UUID) -> Response:
+        return Response(approval_data(get_approval_for(request.user, approval_id)))
+
+
+class DecideView(APIView):
+    @extend_schema(request=DecisionSerializer, responses={200: dict})
+    def post(self, request: Request, approval_id: uuid.UUID) -> Response:
+        approval = get_approval_for(request.user, approval_id)
+        user = request.user
+        if not isinstance(user, User) or not user.has_perm("checkpoints.decide_approval"):
+            raise PermissionDenied("Deciding approvals needs the reviewer or admin role.")
+        serializer = DecisionSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        decided = services.decide(
+            approval=approval, user=user, decision=data["decision"], comment=data["comment"],
+            args=data["args"],
+        )  # fmt: skip
+        return Response(approval_data(get_approval_for(request.user, decided.pk)))

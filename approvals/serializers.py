@@ -1,0 +1,59 @@
+"""Request shapes and response bodies of the approvals API."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from approvals.models import ApprovalRequest, ApprovalStatus, Risk
+
+
+def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
+    """An approval as the API returns it; `decision` is null while it is pending."""
+    decision = None
+    if approval.status != ApprovalStatus.PENDING:
+        decision = {
+            "status": approval.status,
+            "args": approval.decided_args,
+            "args_edited": approval.args_edited,
+            "comment": approval.comment,
+            "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+            "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+        }
+    return {
+        "id": str(approval.pk),
+        "thread": str(approval.thread_id),
+        "agent": approval.thread.agent.name,
+        "checkpoint": str(approval.checkpoint_id),
+        "action": approval.action,
+        "args": approval.args,
+        "message": approval.message,
+        "risk": approval.risk,
+        "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
+        "status": approval.status,
+        "created_at": approval.created_at.isoformat(),
+        "decision": decision,
+    }
+
+
+class ApprovalCreateSerializer(serializers.Serializer[Any]):
+    checkpoint = serializers.UUIDField()
+    action = serializers.CharField(max_length=200)
+    args = serializers.JSONField(required=False, default=dict)
+    message = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    risk = serializers.ChoiceField(choices=Risk.choices, required=False, default=Risk.HIGH)
+    expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
+
+
+class DecisionSerializer(serializers.Serializer[Any]):
+    decision = serializers.ChoiceField(choices=["approve", "reject"])
+    comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+    args = serializers.JSONField(required=False, default=None, help_text="Edited args (approve only).")
+
+
+class ApprovalListQuerySerializer(serializers.Serializer[Any]):
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False)
+    agent = serializers.SlugField(required=False, max_length=64)
+    cursor = serializers.CharField(required=False)
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=200)

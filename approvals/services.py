@@ -1,0 +1,241 @@
+"""The one way in for approval writes: request one, decide one, expire the overdue.
+
+A decision locks the approval row (`SELECT ... FOR UPDATE`), so of two reviewers
+deciding at once the second waits, then sees the first one's decision and gets
+AlreadyDecided. The decision, the resume run and their events commit together.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+import jsonschema
+from django.conf import settings
+from django.contrib.auth.models import User
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from agents.models import Agent, RunReason
+from agents.runs import enqueue_run
+from approvals.models import ApprovalRequest, ApprovalStatus, Risk
+from checkpoints import codec
+from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from checkpoints.store import record_event
+from quicksave.errors import DomainError
+
+APPROVE = "approve"
+REJECT = "reject"
+
+
+class InvalidApproval(DomainError):
+    code = "invalid_approval"
+    status = 422
+
+
+class ApprovalPending(DomainError):
+    """The thread already waits on another decision."""
+
+    code = "approval_pending"
+    status = 409
+
+
+class AlreadyDecided(DomainError):
+    code = "already_decided"
+    status = 409
+
+
+class ApprovalExpired(DomainError):
+    code = "expired"
+    status = 409
+
+
+def request_approval(
+    *,
+    thread: Thread,
+    checkpoint: Checkpoint,
+    action: str,
+    args: Any,
+    message: str = "",
+    risk: str = Risk.HIGH,
+    expires_at: datetime | None = None,
+) -> ApprovalRequest:
+    """Suspend `thread` at `checkpoint` until a person decides whether `action(args)` may run."""
+    if checkpoint.thread_id != thread.pk:
+        raise InvalidApproval(f"Checkpoint {checkpoint.pk} is not in thread {thread.pk}.",
+                              detail={"field": "checkpoint"})  # fmt: skip
+    if not isinstance(action, str) or not action.strip() or len(action) > 200:
+        raise InvalidApproval("`action` must be a non-empty string of at most 200 characters.",
+                              detail={"field": "action"})  # fmt: skip
+    if risk not in Risk.values:
+        raise InvalidApproval(f"`risk` must be one of {', '.join(Risk.values)}.", detail={"field": "risk"})
+    if expires_at is not None and expires_at <= timezone.now():
+        raise InvalidApproval("`expires_at` must be in the future.", detail={"field": "expires_at"})
+    _check_json(args, "args")
+    try:
+        with transaction.atomic():
+            approval = ApprovalRequest.objects.create(
+                thread=thread, checkpoint=checkpoint, action=action, args=args, message=message, risk=risk,
+                expires_at=expires_at,
+            )  # fmt: skip
+            Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.WAITING_FOR_APPROVAL)
+            record_event(thread=thread, type="approval.requested", data=_summary(approval))
+    except IntegrityError:
+        raise ApprovalPending(f"Thread {thread.pk} already waits on a decision.") from None
+    return approval
+
+
+def decide(
+    *,
+    approval: ApprovalRequest,
+    user: User,
+    decision: str,
+    comment: str = "",
+    args: Any = None,
+) -> ApprovalRequest:
+    """Record a reviewer's decision and queue the agent's resume, or raise why not.
+
+    `args` approves with edited arguments (checked against the agent's schema for the
+    action, when it declares one). Rejecting needs a comment.
+    """
+    if decision not in (APPROVE, REJECT):
+        raise InvalidApproval("`decision` must be approve or reject.", detail={"field": "decision"})
+    comment = (comment or "").strip()
+    if decision == REJECT and not comment:
+        raise InvalidApproval("A rejection needs a `comment` saying why.", detail={"field": "comment"})
+    if decision == REJECT and args is not None:
+        raise InvalidApproval("Edited `args` only go with approve.", detail={"field": "args"})
+    expired = False
+    with transaction.atomic():
+        locked = ApprovalRequest.objects.select_for_update().select_related("thread").get(pk=approval.pk)
+        _check_pending(locked)
+        now = timezone.now()
+        if locked.expires_at is not None and locked.expires_at <= now:
+            _expire(locked, now)
+            expired = True
+        else:
+            if args is not None:
+                _check_args(locked, args)
+            locked.status = ApprovalStatus.APPROVED if decision == APPROVE else ApprovalStatus.REJECTED
+            locked.decided_args = (args if args is not None else locked.args) if decision == APPROVE else None
+            locked.args_edited = args is not None
+            locked.comment = comment
+            locked.decided_by = user
+            locked.decided_at = now
+            locked.save(update_fields=["status", "decided_args", "args_edited", "comment", "decided_by", "decided_at"])
+            _resume(locked)
+    if expired:
+        raise ApprovalExpired(
+            f"This approval expired at {locked.expires_at:%Y-%m-%d %H:%M:%S %Z} and was {locked.status} automatically.",
+            detail={
+                "status": locked.status,
+                "expired_at": locked.decided_at.isoformat() if locked.decided_at else None,
+            },
+        )
+    return locked
+
+
+def expire_due(*, now: datetime | None = None, limit: int = 100) -> int:
+    """Expire pending approvals past their deadline with the configured outcome; returns how many."""
+    now = now or timezone.now()
+    expired = 0
+    for approval_id in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now).values_list(
+        "pk", flat=True
+    )[:limit]:
+        with transaction.atomic():
+            locked = (
+                ApprovalRequest.objects.select_for_update(skip_locked=True)
+                .select_related("thread")
+                .filter(pk=approval_id, status=ApprovalStatus.PENDING)
+                .first()
+            )
+            if locked is not None:
+                _expire(locked, now)
+                expired += 1
+    return expired
+
+
+def cancel_pending(*, thread: Thread, reason: str) -> int:
+    """Cancel a thread's pending approvals (the thread is being cancelled); returns how many."""
+    cancelled = 0
+    for approval in ApprovalRequest.objects.select_for_update().filter(thread=thread, status=ApprovalStatus.PENDING):
+        approval.status = ApprovalStatus.CANCELLED
+        approval.comment = reason
+        approval.decided_at = timezone.now()
+        approval.save(update_fields=["status", "comment", "decided_at"])
+        record_event(thread=thread, type="approval.decided", data=_summary(approval))
+        cancelled += 1
+    return cancelled
+
+
+def _check_pending(approval: ApprovalRequest) -> None:
+    if approval.status == ApprovalStatus.PENDING:
+        return
+    if approval.status == ApprovalStatus.EXPIRED:
+        raise ApprovalExpired(
+            f"This approval expired at {approval.decided_at:%Y-%m-%d %H:%M:%S %Z}.",
+            detail={
+                "status": approval.status,
+                "expired_at": approval.decided_at.isoformat() if approval.decided_at else None,
+            },
+        )
+    who = approval.decided_by.get_username() if approval.decided_by else "Quicksave"
+    when = approval.decided_at.isoformat() if approval.decided_at else None
+    raise AlreadyDecided(
+        f"{who} already decided this approval ({approval.status}) at {approval.decided_at:%Y-%m-%d %H:%M:%S %Z}.",
+        detail={"status": approval.status, "decided_by": who, "decided_at": when},
+    )
+
+
+def _expire(approval: ApprovalRequest, now: datetime) -> None:
+    """Close an overdue approval with the configured outcome and let the agent resume with it."""
+    outcome = settings.QUICKSAVE_APPROVAL_EXPIRY_OUTCOME
+    approval.status = ApprovalStatus.EXPIRED
+    approval.decided_args = approval.args if outcome == APPROVE else None
+    approval.comment = f"Expired without a decision; treated as {outcome}."
+    approval.decided_at = now
+    approval.save(update_fields=["status", "decided_args", "comment", "decided_at"])
+    _resume(approval)
+
+
+def _resume(approval: ApprovalRequest) -> None:
+    thread = approval.thread
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.RUNNING, updated_at=timezone.now())
+    record_event(thread=thread, type="approval.decided", data=_summary(approval))
+    enqueue_run(thread=thread, checkpoint=approval.checkpoint, reason=RunReason.APPROVAL, approval=approval)
+
+
+def _check_args(approval: ApprovalRequest, args: Any) -> None:
+    _check_json(args, "args")
+    schemas = Agent.objects.values_list("action_schemas", flat=True).get(pk=approval.thread.agent_id) or {}
+    schema = schemas.get(approval.action)
+    if schema is None:
+        return
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(args), key=lambda error: list(error.path))
+    if errors:
+        problems = [
+            {"path": "/" + "/".join(str(part) for part in error.path), "message": error.message} for error in errors
+        ]
+        first = problems[0]
+        raise InvalidApproval(
+            f"The edited args do not fit {approval.action}'s schema: {first['path']}: {first['message']}",
+            detail={"field": "args", "errors": problems},
+        )
+
+
+def _check_json(value: Any, field: str) -> None:
+    try:
+        codec.to_canonical_bytes(value)
+        codec.check_depth(value)
+    except codec.EncodingError as exc:
+        raise InvalidApproval(f"`{field}` is {exc}.", detail={"field": field}) from None
+
+
+def _summary(approval: ApprovalRequest) -> dict[str, Any]:
+    return {
+        "approval": str(approval.pk),
+        "action": approval.action,
+        "status": approval.status,
+        "checkpoint": str(approval.checkpoint_id),
+        "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+    }

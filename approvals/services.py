@@ -228,7 +228,7 @@ def _check_json(value: Any, field: str) -> None:
         codec.to_canonical_bytes(value)
         codec.check_depth(value)
     except codec.EncodingError as exc:
-        raise InvalidApproval(f"`{field}` is {exc}.", detail={"field": field}) from None
+        raise InvalidApproval(f"`{field}` {exc}.", detail={"field": field}) from None
 
 
 def _summary(approval: ApprovalRequest) -> dict[str, Any]:

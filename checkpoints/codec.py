@@ -26,7 +26,10 @@ COMPRESS_FROM = 200
 
 
 class EncodingError(ValueError):
-    """A value that cannot be stored as JSON (NaN, Infinity, lone surrogates, too deep)."""
+    """A value that cannot be stored as JSON (NaN, Infinity, lone surrogates, too deep).
+
+    The message is a predicate that completes "The state ...", e.g. "contains NaN or Infinity".
+    """
 
 
 def to_canonical_bytes(value: Any) -> bytes:
@@ -36,12 +39,12 @@ def to_canonical_bytes(value: Any) -> bytes:
         raise EncodingError("contains a string that is not valid Unicode (a lone surrogate)") from None
     except ValueError as exc:
         if "Out of range float" in str(exc):
-            raise EncodingError("not valid JSON: it contains NaN or Infinity") from None
-        raise EncodingError(f"not valid JSON: {exc}") from None
+            raise EncodingError("contains NaN or Infinity, which JSON cannot represent") from None
+        raise EncodingError(f"is not valid JSON ({exc})") from None
     except RecursionError:
-        raise EncodingError(f"nested deeper than {settings.QUICKSAVE_MAX_DEPTH} levels") from None
+        raise EncodingError(f"is nested deeper than {settings.QUICKSAVE_MAX_DEPTH} levels") from None
     except TypeError as exc:
-        raise EncodingError(f"not JSON-serialisable: {exc}") from None
+        raise EncodingError(f"is not JSON-serialisable ({exc})") from None
 
 
 def check_depth(value: Any, *, base: int = 0) -> None:
@@ -51,7 +54,7 @@ def check_depth(value: Any, *, base: int = 0) -> None:
     except RecursionError:
         depth = limit + 1
     if depth > limit:
-        raise EncodingError(f"nested {depth} levels deep; the limit is {limit}")
+        raise EncodingError(f"is nested {depth} levels deep; the limit is {limit}")
 
 
 def encode(canonical: bytes) -> bytes:

@@ -389,7 +389,8 @@ def _next_state(
     try:
         delta = codec.to_canonical_bytes(ops)
     except codec.EncodingError as exc:
-        raise InvalidState(f"The {'patch' if patch is not None else 'state'} is {exc}.") from None
+        field = "patch" if patch is not None else "state"
+        raise InvalidState(f"The {field} {exc}.", detail={"field": field}) from None
     ops = json.loads(delta)
     try:
         applied = apply_patch(base, ops)
@@ -430,7 +431,7 @@ def _checked_object(value: Any, *, field: str) -> dict[str, Any]:
         codec.to_canonical_bytes(value)
         codec.check_depth(value)
     except codec.EncodingError as exc:
-        raise InvalidState(f"`{field}` is {exc}.", detail={"field": field}) from None
+        raise InvalidState(f"`{field}` {exc}.", detail={"field": field}) from None
     return value
 
 

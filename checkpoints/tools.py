@@ -34,7 +34,7 @@ def put_tool_result(
         codec.to_canonical_bytes(result)
         codec.check_depth(result)
     except codec.EncodingError as exc:
-        raise InvalidState(f"`result` is {exc}.", detail={"field": "result"}) from None
+        raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "

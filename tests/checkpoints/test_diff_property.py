@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 from typing import Any
+from uuid import UUID
 
 import jsonpatch as rfc6902
 import pytest
@@ -28,10 +30,12 @@ scalars = (
     | st.integers(min_value=-(2**53), max_value=2**53)
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8)
-    | st.text(alphabet="aé日本🙂\u0000\t\"\\/~", max_size=6)
+    | st.text(alphabet='aé日本🙂\u0000\t"\\/~', max_size=6)
 )
 # Member names that need RFC 6901 escaping ("~", "/"), look like array indices or "-", or are empty.
-keys = st.text(alphabet="ab~/-0é🙂", max_size=3) | st.sampled_from(["", "-", "0", "1", "~1", "a/b"]) | st.text(max_size=5)
+keys = (
+    st.text(alphabet="ab~/-0é🙂", max_size=3) | st.sampled_from(["", "-", "0", "1", "~1", "a/b"]) | st.text(max_size=5)
+)
 json_values = st.recursive(
     scalars,
     lambda children: st.lists(children, max_size=4) | st.dictionaries(keys, children, max_size=4),
@@ -283,7 +287,7 @@ def test_diff_between_any_two_checkpoints_of_a_thread_turns_one_state_into_the_o
         thread = Thread.objects.get(pk=thread_id)
         for number, (fork, states_on_branch) in enumerate(branches):
             name = f"alt-{number}" if number else "alt"
-            store.start_branch(thread=thread, at=ids[fork], name=name)
+            store.start_branch(thread=thread, at=UUID(ids[fork]), name=name)
             parent = ids[fork]
             for state in states_on_branch:
                 parent = write(owner_client, thread_id, parent=parent, branch=name, state=state)
@@ -314,7 +318,7 @@ def test_checkpoints_written_by_patch_read_back_as_the_patched_state(
     with override_settings(QUICKSAVE_SNAPSHOT_EVERY=every):
         thread_id = new_thread(owner_client)
         ids = [write(owner_client, thread_id, parent=None, state=chain[0])]
-        for before, after in zip(chain, chain[1:], strict=False):
+        for before, after in pairwise(chain):
             ids.append(write(owner_client, thread_id, parent=ids[-1], patch=make_patch(before, after)))
     if replay:
         store.clear_caches()

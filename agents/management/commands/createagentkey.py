@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.utils.text import slugify
 
 from agents.keys import create_agent_key, get_or_create_agent
+
+AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 
 class Command(BaseCommand):
@@ -19,8 +21,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         name: str = options["agent"]
-        if slugify(name) != name:
-            raise CommandError(f"Agent names are lowercase slugs (letters, digits, '-'); got {name!r}")
+        if not AGENT_NAME.fullmatch(name):
+            raise CommandError(
+                f"Agent names are 1 to 64 lowercase letters, digits, '-' or '_', starting with a letter or digit; "
+                f"got {name!r}"
+            )
         agent = get_or_create_agent(name=name)
         key, plaintext = create_agent_key(agent=agent, label=options["label"])
         self.stderr.write(f"Key {key.prefix} created for agent {agent.name}. It is shown once; store it now.")

@@ -1,0 +1,39 @@
+"""The agent worker: claims resume runs and drives the in-process agents."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from agents.worker import Worker
+
+
+class Command(BaseCommand):
+    help = "Run in-process agents: claim queued runs (woken by NOTIFY), drive each agent, repeat."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--agent", action="append", dest="agents", help="Only these agents (repeatable)")
+        parser.add_argument("--lease", type=int, default=None, help="Lease seconds (QUICKSAVE_RUN_LEASE_SECONDS)")
+        parser.add_argument("--poll", type=float, default=5.0, help="Seconds between polls when no NOTIFY comes")
+        parser.add_argument("--once", action="store_true", help="Drive queued runs until none is left, then exit")
+        parser.add_argument("--name", default=None, help="Worker name shown on claimed runs")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        try:
+            worker = Worker(agent_names=options["agents"], lease_seconds=options["lease"], poll_seconds=options["poll"],
+                            name=options["name"])  # fmt: skip
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stderr.write(f"worker {worker.name} serving {', '.join(worker.agent_names)}")
+        if options["once"]:
+            while worker.run_once():
+                pass
+            return
+        signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
+        with contextlib.suppress(KeyboardInterrupt):
+            worker.run_forever()

@@ -1,0 +1,145 @@
+"""Agent API keys: `createagentkey` issues one, only its SHA-256 is stored, and revoked or altered keys fail."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from rest_framework.test import APIClient
+
+from agents.keys import revoke_agent_key
+from agents.models import Agent, AgentKey
+
+
+def create_key(*args: str) -> tuple[str, str, str]:
+    """Run `createagentkey` and return (key, stdout, stderr)."""
+    stdout, stderr = StringIO(), StringIO()
+    call_command("createagentkey", *args, stdout=stdout, stderr=stderr)
+    return stdout.getvalue().strip(), stdout.getvalue(), stderr.getvalue()
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(prefix, secret) of a `qs_<prefix>_<secret>` key."""
+    assert key.startswith("qs_"), key
+    prefix, _, secret = key[len("qs_") :].partition("_")
+    assert prefix and secret, key
+    return prefix, secret
+
+
+def list_threads(key: str) -> Any:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client.get("/api/v1/threads/")
+
+
+def assert_authentication_failed(response: Any) -> None:
+    assert response.status_code == 401, response.content
+    assert response.json()["error"]["code"] == "authentication_failed"
+    assert response["WWW-Authenticate"] == "Bearer"
+
+
+def test_createagentkey_prints_the_key_once_and_creates_the_agent(db: Any) -> None:
+    assert not Agent.objects.filter(name="travel").exists()
+
+    key, stdout, stderr = create_key("travel")
+
+    assert stdout == f"{key}\n"  # the key and nothing else, so `$(manage.py createagentkey x)` captures it
+    prefix, secret = split_key(key)
+    assert secret not in stderr
+    assert prefix in stderr and "shown once" in stderr
+    agent = Agent.objects.get(name="travel")
+    assert list(agent.keys.values_list("prefix", flat=True)) == [prefix]
+
+    response = list_threads(key)
+    assert response.status_code == 200, response.content
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    created = client.post("/api/v1/threads/", data="{}", content_type="application/json")
+    assert created.status_code == 201, created.content
+    assert created.json()["agent"] == "travel"
+
+
+def test_createagentkey_adds_a_key_to_an_existing_agent(agent: Agent, agent_key: str) -> None:
+    key, _, _ = create_key("travel", "--label", "laptop")
+
+    assert Agent.objects.filter(name="travel").count() == 1
+    assert agent.keys.count() == 2
+    assert AgentKey.objects.get(prefix=split_key(key)[0]).label == "laptop"
+    assert key != agent_key
+    assert list_threads(key).status_code == 200
+    assert list_threads(agent_key).status_code == 200
+
+
+def test_only_a_sha256_of_the_secret_is_stored(db: Any) -> None:
+    key, _, _ = create_key("travel")
+    prefix, secret = split_key(key)
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT * FROM agents_agentkey WHERE prefix = %s", [prefix])
+        columns = [column.name for column in cursor.description]
+        rows = cursor.fetchall()
+
+    assert len(rows) == 1
+    row = dict(zip(columns, rows[0], strict=True))
+    assert row["secret_hash"] == hashlib.sha256(secret.encode()).hexdigest()
+    for column, value in row.items():
+        text = bytes(value).decode("latin-1") if isinstance(value, (bytes, memoryview)) else str(value)
+        assert secret not in text, column
+        assert key not in text, column
+
+
+def test_revoked_key_gets_401(db: Any) -> None:
+    key, _, _ = create_key("travel")
+    assert list_threads(key).status_code == 200
+
+    revoke_agent_key(key=AgentKey.objects.get(prefix=split_key(key)[0]))
+
+    assert_authentication_failed(list_threads(key))
+
+
+def _tampered(key: str, other_key: str) -> dict[str, str]:
+    prefix, secret = split_key(key)
+    other_prefix, _ = split_key(other_key)
+    flipped = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    return {
+        "last character changed": f"qs_{prefix}_{flipped}",
+        "secret truncated": f"qs_{prefix}_{secret[:-1]}",
+        "secret extended": f"qs_{prefix}_{secret}x",
+        "secret under another key's prefix": f"qs_{other_prefix}_{secret}",
+        "secret only": f"qs_{secret}",
+    }
+
+
+@pytest.mark.parametrize(
+    "tampering",
+    [
+        "last character changed",
+        "secret truncated",
+        "secret extended",
+        "secret under another key's prefix",
+        "secret only",
+    ],
+)
+def test_key_with_a_tampered_secret_gets_401(db: Any, tampering: str) -> None:
+    key, _, _ = create_key("travel")
+    other_key, _, _ = create_key("travel")
+    assert list_threads(key).status_code == 200
+
+    assert_authentication_failed(list_threads(_tampered(key, other_key)[tampering]))
+
+
+@pytest.mark.parametrize("name", ["Not A Slug", "Travel", "trip/42", "café", "", "_travel", "a" * 65])
+def test_createagentkey_refuses_a_name_that_is_not_a_lowercase_slug(db: Any, name: str) -> None:
+    stdout = StringIO()
+
+    with pytest.raises(CommandError, match="1 to 64 lowercase letters") as raised:
+        call_command("createagentkey", name, stdout=stdout, stderr=StringIO())
+
+    assert repr(name) in str(raised.value)
+    assert stdout.getvalue() == ""
+    assert not Agent.objects.exists()
+    assert not AgentKey.objects.exists()

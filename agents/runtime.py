@@ -1,0 +1,258 @@
+"""The runtime for in-process agents: step, checkpoint, repeat; suspend for approval; resume.
+
+An agent is a state machine. `step(ctx)` reads and changes `ctx.state` and returns
+what happened (`Continue`, `Done`, `Fail`); the runtime commits a checkpoint after
+every step before it starts the next, so a crash loses at most the step in flight.
+Side effects go through `ctx.tool(...)`, whose results are cached per thread: a step
+replayed after a crash gets the cached result instead of repeating the call.
+
+`ctx.request_approval(...)` checkpoints the thread as waiting for approval and ends
+the run. When a person decides, a run resumes the agent from that checkpoint; the
+step runs again, and this time the same call returns the decision.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+from uuid import UUID
+
+from django.db import transaction
+
+from agents.keys import get_or_create_agent
+from agents.models import Run, RunReason
+from agents.runs import enqueue_run
+from approvals.models import ApprovalRequest, ApprovalStatus
+from checkpoints import store
+from checkpoints.errors import StaleParent
+from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from checkpoints.tools import get_tool_result, put_tool_result, tool_key
+
+log = logging.getLogger(__name__)
+
+Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Continue:
+    """The step finished; checkpoint and run the next one."""
+
+    label: str
+
+
+@dataclass(frozen=True)
+class Done:
+    label: str = "done"
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The agent gives up: the thread is marked failed at this checkpoint."""
+
+    reason: str
+    label: str = "failed"
+
+
+StepResult = Continue | Done | Fail
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What a person decided on an approval the agent requested."""
+
+    approved: bool
+    args: Any
+    comment: str
+    edited: bool
+    decided_by: str | None
+    expired: bool = False
+
+
+class Suspend(Exception):
+    """Raised by ctx.request_approval to end the run while a person decides."""
+
+
+class Agent:
+    """Base class of an in-process agent. Subclasses set `name` and implement `step`.
+
+    Bump `schema_version` when the shape of the state changes, and register an
+    upcaster from each older version so a thread written by an older agent resumes.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    schema_version: ClassVar[int] = 1
+    upcasters: ClassVar[dict[int, Upcaster]] = {}
+    action_schemas: ClassVar[dict[str, dict[str, Any]]] = {}
+
+    def initial_state(self, **inputs: Any) -> dict[str, Any]:
+        return dict(inputs)
+
+    def step(self, ctx: Context) -> StepResult:
+        raise NotImplementedError
+
+    def upcast(self, state: dict[str, Any], from_version: int) -> dict[str, Any]:
+        """Bring a state written at `from_version` up to this agent's schema_version."""
+        for version in range(from_version, self.schema_version):
+            upcaster = self.upcasters.get(version)
+            if upcaster is None:
+                raise RuntimeError(f"{self.name} has no upcaster from schema version {version} to {version + 1}")
+            state = upcaster(state)
+        return state
+
+
+_registry: dict[str, type[Agent]] = {}
+
+
+def register(agent_class: type[Agent]) -> type[Agent]:
+    """Class decorator: make an agent runnable by the worker under its `name`."""
+    _registry[agent_class.name] = agent_class
+    return agent_class
+
+
+def registered() -> dict[str, type[Agent]]:
+    return dict(_registry)
+
+
+@dataclass
+class Context:
+    """What a step sees: the thread, its state, the tool cache and any pending decision."""
+
+    thread: Thread
+    agent: Agent
+    head: UUID
+    state: dict[str, Any]
+    step_number: int
+    decision: Decision | None = None
+    _decided_action: str | None = field(default=None, repr=False)
+
+    def tool(self, name: str, args: Any, fn: Callable[[Any], Any]) -> Any:
+        """Call `fn(args)` once per thread for these args; later calls get the first result."""
+        key = tool_key(name, args)
+        cached = get_tool_result(thread=self.thread, key=key)
+        if cached is not None:
+            return cached.result
+        result = fn(args)
+        stored, _ = put_tool_result(thread=self.thread, key=key, result=result, tool=name)
+        return stored.result
+
+    def request_approval(self, action: str, args: Any, message: str = "") -> Decision:
+        """Return the decision on `action` if one was made; otherwise suspend until a person decides."""
+        if self.decision is not None and self._decided_action == action:
+            decision, self.decision, self._decided_action = self.decision, None, None
+            return decision
+        raise _ApprovalNeeded(action=action, args=args, message=message)
+
+
+class _ApprovalNeeded(Suspend):
+    def __init__(self, *, action: str, args: Any, message: str) -> None:
+        super().__init__(action)
+        self.action = action
+        self.action_args = args  # not `args`: Exception.args would turn it into a tuple
+        self.message = message
+
+
+def start_thread(*, agent_class: type[Agent], external_id: str | None = None, **inputs: Any) -> Thread:
+    """Create a thread for an agent with its first checkpoint, and queue the run that drives it."""
+    agent = agent_class()
+    record = get_or_create_agent(name=agent_class.name, version=agent_class.version)
+    if record.action_schemas != agent_class.action_schemas:
+        record.action_schemas = agent_class.action_schemas
+        record.save(update_fields=["action_schemas"])
+    with transaction.atomic():
+        thread, created = store.create_thread(agent=record, external_id=external_id, metadata={"inputs": inputs})
+        if not created:
+            return thread
+        first = store.append_checkpoint(thread=thread, parent=None, state=agent.initial_state(**inputs), step=0,
+                                        label="start", schema_version=agent_class.schema_version)  # fmt: skip
+        enqueue_run(thread=thread, checkpoint=first, reason=RunReason.START)
+    return thread
+
+
+def execute(run: Run, *, max_steps: int = 1000) -> str:
+    """Drive the run's agent from the run's checkpoint until it finishes, fails or suspends.
+
+    Returns what happened: "done", "failed", "suspended" or "stale" (someone else moved
+    the branch on: this run is obsolete).
+    """
+    thread = Thread.objects.select_related("agent").get(pk=run.thread_id)
+    agent_class = _registry.get(thread.agent.name)
+    if agent_class is None:
+        raise RuntimeError(f"No in-process agent is registered as {thread.agent.name!r}")
+    agent = agent_class()
+    start = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
+    state = agent.upcast(store.state_at(start), start.schema_version)
+    ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0)
+    if run.approval_id:
+        approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
+        ctx.decision = _decision(approval)
+        ctx._decided_action = approval.action
+
+    for _ in range(max_steps):
+        try:
+            result = agent.step(ctx)
+        except _ApprovalNeeded as needed:
+            _suspend(ctx, needed)
+            return "suspended"
+        except Exception as exc:
+            log.exception("agent %s failed in thread %s", agent.name, thread.pk)
+            result = Fail(reason=f"{type(exc).__name__}: {exc}")
+        try:
+            _commit(ctx, result)
+        except StaleParent:
+            log.warning("run %s is stale: thread %s moved on past %s", run.pk, thread.pk, ctx.head)
+            return "stale"
+        if isinstance(result, Done):
+            return "done"
+        if isinstance(result, Fail):
+            return "failed"
+    raise RuntimeError(f"{agent.name} did not finish within {max_steps} steps")
+
+
+def _commit(ctx: Context, result: StepResult) -> None:
+    """Checkpoint the state the step left behind."""
+    ctx.step_number += 1
+    status = CheckpointStatus.RUNNING
+    metadata: dict[str, Any] = {}
+    if isinstance(result, Done):
+        status = CheckpointStatus.COMPLETED
+    elif isinstance(result, Fail):
+        status = CheckpointStatus.FAILED
+        metadata = {"error": result.reason[:2000]}
+    checkpoint = store.append_checkpoint(
+        thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number, label=result.label,
+        status=status, metadata=metadata, schema_version=ctx.agent.schema_version,
+    )  # fmt: skip
+    ctx.head = checkpoint.pk
+
+
+def _suspend(ctx: Context, needed: _ApprovalNeeded) -> None:
+    """Checkpoint as waiting for approval and file the request, in one transaction."""
+    from approvals.services import request_approval
+
+    with transaction.atomic():
+        ctx.step_number += 1
+        checkpoint = store.append_checkpoint(
+            thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number,
+            label=f"approval: {needed.action}", status=CheckpointStatus.WAITING_FOR_APPROVAL,
+            schema_version=ctx.agent.schema_version,
+        )  # fmt: skip
+        request_approval(thread=ctx.thread, checkpoint=checkpoint, action=needed.action, args=needed.action_args,
+                         message=needed.message)  # fmt: skip
+    ctx.head = checkpoint.pk
+
+
+def _decision(approval: ApprovalRequest) -> Decision:
+    approved = approval.status == ApprovalStatus.APPROVED or (
+        approval.status == ApprovalStatus.EXPIRED and approval.decided_args is not None
+    )
+    return Decision(
+        approved=approved,
+        args=approval.decided_args if approved else None,
+        comment=approval.comment,
+        edited=approval.args_edited,
+        decided_by=approval.decided_by.get_username() if approval.decided_by else None,
+        expired=approval.status == ApprovalStatus.EXPIRED,
+    )

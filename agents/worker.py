@@ -1,0 +1,108 @@
+"""The worker loop behind `manage.py run_agents`: claim a run, drive its agent, repeat.
+
+Woken by NOTIFY when a run is queued (polling only as a fallback), it keeps each
+claimed run's lease alive with heartbeats from a side thread, and expires overdue
+approvals as it goes. Killing it at any moment loses nothing acknowledged: its run's
+lease runs out and another worker (or this one, restarted) claims the run again.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import socket
+import threading
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.db import close_old_connections, connections
+
+from agents import runtime
+from agents.models import Agent, Run, RunStatus
+from agents.runs import LeaseLost, RunNotifications, claim_run, finish_run, heartbeat
+from approvals.services import expire_due
+
+log = logging.getLogger(__name__)
+
+
+def load_agent_modules(modules: Iterable[str] | None = None) -> dict[str, type[runtime.Agent]]:
+    """Import the modules that register in-process agents; returns the registry."""
+    for module in modules if modules is not None else settings.QUICKSAVE_AGENT_MODULES:
+        importlib.import_module(module)
+    return runtime.registered()
+
+
+class _Heartbeat(threading.Thread):
+    """Renews a run's lease every third of the lease until stopped."""
+
+    def __init__(self, run: Run, worker: str, lease_seconds: int) -> None:
+        super().__init__(name=f"heartbeat-{run.pk}", daemon=True)
+        self.run_ = run
+        self.worker = worker
+        self.lease_seconds = lease_seconds
+        self.stopped = threading.Event()
+        self.lost = threading.Event()
+
+    def run(self) -> None:
+        try:
+            while not self.stopped.wait(self.lease_seconds / 3):
+                try:
+                    heartbeat(run=self.run_, worker=self.worker, lease_seconds=self.lease_seconds)
+                except LeaseLost:
+                    self.lost.set()
+                    return
+        finally:
+            connections.close_all()
+
+
+class Worker:
+    def __init__(self, *, agent_names: list[str] | None = None, lease_seconds: int | None = None,
+                 poll_seconds: float = 5.0, name: str | None = None) -> None:  # fmt: skip
+        self.registry = load_agent_modules()
+        names = agent_names or sorted(self.registry)
+        unknown = sorted(set(names) - set(self.registry))
+        if unknown:
+            raise ValueError(f"No in-process agent is registered as {', '.join(unknown)}")
+        self.agent_names = names
+        self.lease_seconds = lease_seconds or settings.QUICKSAVE_RUN_LEASE_SECONDS
+        self.poll_seconds = poll_seconds
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        self.stopping = threading.Event()
+
+    def agents(self) -> list[Agent]:
+        return list(Agent.objects.filter(name__in=self.agent_names))
+
+    def run_forever(self) -> None:
+        with RunNotifications() as notifications:
+            while not self.stopping.is_set():
+                if not self.run_once():
+                    close_old_connections()
+                    notifications.wait(self.poll_seconds)
+
+    def run_once(self) -> bool:
+        """Expire overdue approvals, then claim and drive one run; False when there was none."""
+        expire_due()
+        run = claim_run(agents=self.agents(), worker=self.name, lease_seconds=self.lease_seconds)
+        if run is None:
+            return False
+        beat = _Heartbeat(run, self.name, self.lease_seconds)
+        beat.start()
+        try:
+            outcome = runtime.execute(run)
+        except Exception as exc:
+            log.exception("run %s crashed", run.pk)
+            beat.stopped.set()
+            self._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
+            return True
+        beat.stopped.set()
+        log.info("run %s (%s) of thread %s: %s", run.pk, run.reason, run.thread_id, outcome)
+        self._finish(run, RunStatus.FAILED if outcome == "failed" else RunStatus.COMPLETED,
+                     "the agent failed" if outcome == "failed" else "")  # fmt: skip
+        return True
+
+    def _finish(self, run: Run, status: str, error: str) -> None:
+        try:
+            finish_run(run=run, worker=self.name, status=status, error=error)
+        except LeaseLost:
+            log.warning("run %s: lease lost before it finished; another worker owns it now", run.pk)

@@ -5,6 +5,9 @@ request. Django's own ASGI handler hops threads for every middleware and signal
 (over thirty hops a request), which cost more than our whole checkpoint write;
 every view here is synchronous anyway.
 
+With QUICKSAVE_EMBEDDED_WORKER (on by default with the embedded database) the agent
+worker runs in a thread of this process, so the one-command set-up resumes agents.
+
 Static files are served by the app itself unless QUICKSAVE_SERVE_STATIC is off
 (set it off behind a reverse proxy or CDN that serves STATIC_ROOT).
 """
@@ -46,3 +49,8 @@ if settings.QUICKSAVE_SERVE_STATIC:
     http_app = ASGIStaticFilesHandler(http_app)
 
 application = ProtocolTypeRouter({"http": http_app})
+
+if settings.QUICKSAVE_EMBEDDED_WORKER:
+    from agents.worker import start_background_worker
+
+    start_background_worker()

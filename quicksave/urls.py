@@ -17,6 +17,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
+    path("inbox/", include("approvals.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

@@ -1,0 +1,12 @@
+"""The approval inbox pages."""
+
+from django.urls import path
+
+from approvals import views
+
+app_name = "inbox"
+
+urlpatterns = [
+    path("", views.inbox, name="list"),
+    path("<uuid:approval_id>/", views.approval_detail, name="approval"),
+]

@@ -1,0 +1,350 @@
+"""The Quicksave client: threads, checkpoints sent as client-computed patches, the tool cache,
+approvals and runs, over the REST API v1 with one keep-alive HTTP connection pool."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from quicksave_sdk.errors import NotFound, error_from_response
+from quicksave_sdk.jsonpatch import make_patch
+
+__version__ = "0.1.0"
+API = "/api/v1"
+
+
+def tool_key(name: str, args: Any) -> str:
+    """The tool cache key of a call: SHA-256 of the canonical JSON of `[name, args]` (the server's own rule)."""
+    return hashlib.sha256(_dumps([name, args], sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def _dumps(value: Any, *, sort_keys: bool = False) -> str:
+    return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _json_copy(value: Any) -> Any:
+    """A private deep copy, normalised to what the server stores (tuples become lists; NaN is refused)."""
+    return json.loads(_dumps(value))
+
+
+def _time(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A checkpoint's summary; `state` is filled only by `Client.checkpoint()`."""
+
+    id: str
+    thread_id: str
+    branch: str
+    parent_id: str | None
+    seq: int
+    step: int | None
+    label: str
+    status: str
+    model: dict[str, Any] | None
+    metadata: dict[str, Any]
+    storage: str  # "snapshot" or "delta": how the server stored it
+    state_bytes: int
+    created_at: datetime | None
+    state: dict[str, Any] | None = None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Checkpoint:
+        return cls(
+            id=data["id"], thread_id=data["thread"], branch=data["branch"], parent_id=data["parent"],
+            seq=data["seq"], step=data["step"], label=data["label"], status=data["status"], model=data["model"],
+            metadata=data["metadata"], storage=data["storage"], state_bytes=data["state_bytes"],
+            created_at=_time(data["created_at"]), state=data.get("state"),
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Approval:
+    """An approval request; `decision` is None while pending, else `{status, args, comment, decided_by, ...}`."""
+
+    id: str
+    thread_id: str
+    checkpoint_id: str
+    action: str
+    args: Any
+    message: str
+    risk: str
+    status: str
+    expires_at: datetime | None
+    created_at: datetime | None
+    decision: dict[str, Any] | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Approval:
+        return cls(
+            id=data["id"], thread_id=data["thread"], checkpoint_id=data["checkpoint"], action=data["action"],
+            args=data["args"], message=data["message"], risk=data["risk"], status=data["status"],
+            expires_at=_time(data["expires_at"]), created_at=_time(data["created_at"]), decision=data["decision"],
+        )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """A cached tool result: the first result stored under `key` in a thread."""
+
+    key: str
+    tool: str
+    result: Any
+    checkpoint_id: str | None
+    created_at: datetime | None
+
+
+class Client:
+    """A connection to one Quicksave server, authenticated with an agent key.
+
+    `transport` is handed to httpx (e.g. for retries or tests). Errors the server
+    answers are raised as `QuicksaveError` subclasses; network failures stay httpx errors.
+    """
+
+    def __init__(
+        self, base_url: str, api_key: str, *, timeout: float = 30, transport: httpx.BaseTransport | None = None
+    ) -> None:
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json",
+                     "User-Agent": f"quicksave-sdk/{__version__}"},
+            timeout=timeout,
+            transport=transport,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float | None = None) -> Any:
+        """Call any API path (relative to /api/v1); returns the decoded JSON, or None for 204."""
+        headers = {"Content-Type": "application/json"} if body is not None else {}
+        response = self._http.request(
+            method,
+            API + path,
+            content=_dumps(body).encode("utf-8") if body is not None else None,
+            headers=headers,
+            timeout=timeout if timeout is not None else self.timeout,
+        )
+        if response.status_code >= 400:
+            try:
+                decoded = response.json()
+            except ValueError:
+                decoded = None
+            raise error_from_response(response.status_code, decoded, response.text)
+        return response.json() if response.status_code != 204 and response.content else None
+
+    def thread(
+        self, *, external_id: str | None = None, metadata: dict[str, Any] | None = None, agent: str | None = None
+    ) -> Thread:
+        """Get or create the thread with `external_id` (a new thread without one), loaded at its head.
+
+        `agent` defaults to the key's own agent.
+        """
+        body: dict[str, Any] = {"external_id": external_id}
+        if metadata is not None:
+            body["metadata"] = metadata
+        if agent is not None:
+            body["agent"] = agent
+        thread = Thread(self, self.request("POST", "/threads/", body))
+        thread._move_to(thread._server_head)
+        return thread
+
+    def thread_by_id(self, thread_id: str, *, at: str | None = None) -> Thread:
+        """Load a thread at checkpoint `at` (default: its head), e.g. to resume a claimed run from its checkpoint."""
+        thread = Thread(self, self.request("GET", f"/threads/{thread_id}/"))
+        thread._move_to(at or thread._server_head)
+        return thread
+
+    def checkpoint(self, checkpoint_id: str) -> Checkpoint:
+        """A checkpoint with its full `state`, materialised and integrity-checked by the server."""
+        return Checkpoint.from_json(self.request("GET", f"/checkpoints/{checkpoint_id}/"))
+
+    def approval(self, approval_id: str) -> Approval:
+        return Approval.from_json(self.request("GET", f"/approvals/{approval_id}/"))
+
+    def claim(self, *, wait: float = 0) -> Run | None:
+        """Claim the oldest open run of this key's agent, waiting up to `wait` seconds (≤ 30) for one; None if none."""
+        data = self.request("POST", "/runs/claim/", {"wait": wait}, timeout=self.timeout + wait)
+        return Run(self, data["run"]) if data else None
+
+
+class Thread:
+    """One thread as this process sees it: its id, the head it last saw, and a private copy of that head's state.
+
+    `checkpoint()` sends only the patch from that copy to the new state. When another
+    writer moved the head meanwhile, it raises `StaleParent`; call `refresh()` to
+    re-read the head and decide what to write.
+    """
+
+    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+        self._client = client
+        self.id: str = data["id"]
+        self._head: str | None = None
+        self._state: dict[str, Any] = {}
+        self._absorb(data)
+
+    def _absorb(self, data: dict[str, Any]) -> None:
+        self.agent: str = data["agent"]
+        self.external_id: str | None = data["external_id"]
+        self.status: str = data["status"]
+        self.metadata: dict[str, Any] = data["metadata"]
+        self._server_head: str | None = data["head"]["id"] if data["head"] else None
+
+    def __repr__(self) -> str:
+        return f"<Thread {self.id} head={self._head}>"
+
+    @property
+    def head(self) -> str | None:
+        """The id of the checkpoint this object writes after; None before the first checkpoint."""
+        return self._head
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """A copy of the head's state ({} before the first checkpoint): edit it and pass it to `checkpoint()`."""
+        state: dict[str, Any] = _json_copy(self._state)
+        return state
+
+    def _move_to(self, checkpoint_id: str | None) -> None:
+        if checkpoint_id is None:
+            self._head, self._state = None, {}
+            return
+        checkpoint = self._client.checkpoint(checkpoint_id)
+        if checkpoint.thread_id != self.id:
+            raise ValueError(f"Checkpoint {checkpoint_id} is not in thread {self.id}.")
+        self._head, self._state = checkpoint.id, checkpoint.state or {}
+
+    def refresh(self) -> None:
+        """Re-read the thread and move to its current head, loading the head's state when it changed."""
+        self._absorb(self._client.request("GET", f"/threads/{self.id}/"))
+        if self._server_head != self._head:
+            self._move_to(self._server_head)
+
+    def checkpoint(
+        self,
+        state: dict[str, Any],
+        *,
+        step: int | None = None,
+        label: str = "",
+        status: str = "running",
+        model: dict[str, Any] | None = None,
+        metadata: dict[str, Any] | None = None,
+        tool_results: list[dict[str, Any]] | None = None,
+    ) -> Checkpoint:
+        """Save `state` after the head: the full state the first time, then the patch from the head's state.
+
+        Raises `StaleParent` (with `.head`) when the head moved; this object is left unchanged.
+        """
+        if not isinstance(state, dict):
+            raise TypeError(f"state must be a dict, not {type(state).__name__}")
+        new_state: dict[str, Any] = _json_copy(state)
+        body: dict[str, Any] = {"parent": self._head, "label": label, "status": status}
+        if self._head is None:
+            body["state"] = new_state
+        else:
+            body["patch"] = make_patch(self._state, new_state)
+        optional = {"step": step, "model": model, "metadata": metadata, "tool_results": tool_results}
+        body.update((name, value) for name, value in optional.items() if value is not None)
+        checkpoint = Checkpoint.from_json(self._client.request("POST", f"/threads/{self.id}/checkpoints/", body))
+        self._head, self._state = checkpoint.id, new_state
+        return checkpoint
+
+    def cached_tool_result(self, key: str) -> ToolResult | None:
+        """The result cached under `key` in this thread, or None."""
+        try:
+            data = self._client.request("GET", f"/threads/{self.id}/tool-results/{key}/")
+        except NotFound:
+            return None
+        return ToolResult(
+            key=data["key"], tool=data["tool"], result=data["result"], checkpoint_id=data["checkpoint"],
+            created_at=_time(data["created_at"]),
+        )  # fmt: skip
+
+    def tool(self, name: str, args: Any, fn: Callable[..., Any]) -> Any:
+        """`fn(**args)` (or `fn(args)` when args is not a dict), run at most once per thread.
+
+        A cached result is returned without calling `fn`. When two processes race on the
+        same call, both get the result that was stored first.
+        """
+        key = tool_key(name, args)
+        cached = self.cached_tool_result(key)
+        if cached is not None:
+            return cached.result
+        result = fn(**args) if isinstance(args, dict) else fn(args)
+        body = {"result": result, "tool": name[:200], "checkpoint": self._head}
+        return self._client.request("PUT", f"/threads/{self.id}/tool-results/{key}/", body)["result"]
+
+    def request_approval(
+        self,
+        action: str,
+        args: Any,
+        *,
+        message: str = "",
+        risk: str = "high",
+        expires_at: datetime | str | None = None,
+    ) -> Approval:
+        """Suspend the thread at its head until a person approves or rejects `action(args)`."""
+        if self._head is None:
+            raise ValueError("Write a checkpoint before requesting an approval: it suspends the thread at one.")
+        body = {
+            "checkpoint": self._head, "action": action, "args": args, "message": message, "risk": risk,
+            "expires_at": expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at,
+        }  # fmt: skip
+        approval = Approval.from_json(self._client.request("POST", f"/threads/{self.id}/approvals/", body))
+        self.status = "waiting_for_approval"
+        return approval
+
+
+class Run:
+    """A resume job this agent claimed: continue `thread_id` from `checkpoint_id` because of `reason`.
+
+    Hold the lease with `heartbeat()` while working; close with `complete()` or `fail()`.
+    """
+
+    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+        self._client = client
+        self.id: str = data["id"]
+        self.thread_id: str = data["thread"]
+        self.checkpoint_id: str = data["checkpoint"]
+        self.reason: str = data["reason"]
+        self.approval = Approval.from_json(data["approval"]) if data.get("approval") else None
+        self._absorb(data)
+
+    def _absorb(self, data: dict[str, Any]) -> None:
+        self.status: str = data["status"]
+        self.attempts: int = data["attempts"]
+        self.lease_expires_at = _time(data["lease_expires_at"])
+
+    def __repr__(self) -> str:
+        return f"<Run {self.id} {self.reason} {self.status}>"
+
+    def thread(self) -> Thread:
+        """The run's thread, loaded at the checkpoint to resume from."""
+        return self._client.thread_by_id(self.thread_id, at=self.checkpoint_id)
+
+    def heartbeat(self) -> None:
+        """Extend the lease; raises `Conflict` (lease_lost) when another worker holds the run now."""
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/heartbeat/")["run"])
+
+    def complete(self) -> None:
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/complete/")["run"])
+
+    def fail(self, error: str = "") -> None:
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/fail/", {"error": error})["run"])

@@ -1,0 +1,289 @@
+"""The Python SDK against a live Quicksave server (pytest-django's live_server: real HTTP over sockets)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+from quicksave_sdk import (
+    AuthenticationFailed,
+    Client,
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PermissionDenied,
+    StaleParent,
+    make_patch,
+    tool_key,
+)
+
+from agents.keys import create_agent_key, get_or_create_agent
+from agents.models import Run, RunStatus
+from agents.runs import RunReason, enqueue_run
+from approvals import services
+from approvals.models import ApprovalRequest
+from checkpoints import jsonpatch, store, tools
+from checkpoints.models import Checkpoint, Thread
+from quicksave.roles import grant_role
+
+live = pytest.mark.django_db(transaction=True)
+
+
+class RecordingTransport(httpx.HTTPTransport):
+    """A real HTTP transport that keeps each request, to check what the SDK put on the wire."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[httpx.Request] = []
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests.append(request)
+        return super().handle_request(request)
+
+    def bodies(self, method: str, path_end: str) -> list[dict[str, Any]]:
+        return [json.loads(r.content) for r in self.requests if r.method == method and r.url.path.endswith(path_end)]
+
+
+@pytest.fixture
+def api_key(transactional_db: Any) -> str:
+    return create_agent_key(agent=get_or_create_agent(name="travel"))[1]
+
+
+@pytest.fixture
+def transport() -> RecordingTransport:
+    return RecordingTransport()
+
+
+@pytest.fixture
+def client(live_server: Any, api_key: str, transport: RecordingTransport) -> Iterator[Client]:
+    with Client(live_server.url, api_key, timeout=15, transport=transport) as sdk:
+        yield sdk
+
+
+def messages(count: int) -> list[dict[str, str]]:
+    return [{"role": "assistant", "content": f"message {i} " + "lorem ipsum " * 20} for i in range(count)]
+
+
+@live
+def test_thread_is_got_or_created_by_external_id_and_loaded_at_its_head(client: Client) -> None:
+    first = client.thread(external_id="trip-7", metadata={"customer": "ada"})
+    assert first.head is None and first.state == {}
+    first.checkpoint({"city": "Lisbon"})
+
+    again = client.thread(external_id="trip-7")
+    other = client.thread()
+
+    assert again.id == first.id and again.metadata == {"customer": "ada"} and again.agent == "travel"
+    assert again.head == first.head and again.state == {"city": "Lisbon"}
+    assert other.id != first.id and other.external_id is None
+
+
+@live
+def test_checkpoints_are_sent_as_client_computed_patches_and_stored_as_deltas(
+    client: Client, transport: RecordingTransport
+) -> None:
+    thread = client.thread(external_id="trip-8")
+    state: dict[str, Any] = {"messages": messages(20), "plan": {"city": "Lisbon", "nights": 2}}
+    first = thread.checkpoint(state, step=1, label="plan")
+    state["messages"].append({"role": "user", "content": "make it three nights"})
+    state["plan"]["nights"] = 3
+    second = thread.checkpoint(state, step=2, label="replan", model={"name": "gpt-x", "temperature": 0.2})
+
+    sent = transport.bodies("POST", f"/threads/{thread.id}/checkpoints/")
+    first_state = {"messages": messages(20), "plan": {"city": "Lisbon", "nights": 2}}
+    assert sent[0]["parent"] is None and sent[0]["state"] == first_state
+    assert "state" not in sent[1] and sent[1]["parent"] == first.id
+    assert sent[1]["patch"] == [
+        {"op": "add", "path": "/messages/-", "value": {"role": "user", "content": "make it three nights"}},
+        {"op": "replace", "path": "/plan/nights", "value": 3},
+    ]
+    assert (first.storage, second.storage) == ("snapshot", "delta")
+    assert (second.parent_id, second.seq, second.step) == (first.id, 2, 2)
+    assert second.model is not None and second.model["temperature"] == 0.2
+    assert thread.head == second.id
+    assert client.checkpoint(second.id).state == thread.state == state
+
+
+@live
+def test_the_state_copy_is_private_so_edits_in_place_still_make_a_patch(client: Client) -> None:
+    thread = client.thread()
+    state: dict[str, Any] = {"log": ["a"]}
+    thread.checkpoint(state)
+    state["log"].append("b")
+    thread.state["log"].append("not saved")  # a copy: changes nothing
+    checkpoint = thread.checkpoint(state)
+
+    assert client.checkpoint(checkpoint.id).state == {"log": ["a", "b"]} == thread.state
+    unchanged = thread.checkpoint(thread.state, label="no-op")  # an empty patch is a valid step
+    assert unchanged.parent_id == checkpoint.id and client.checkpoint(unchanged.id).state == {"log": ["a", "b"]}
+
+
+@live
+def test_writing_after_a_stale_head_raises_stale_parent_with_the_head(client: Client) -> None:
+    mine = client.thread(external_id="trip-9")
+    mine.checkpoint({"step": 1})
+    theirs = client.thread_by_id(mine.id)
+    assert theirs.head == mine.head
+
+    winner = mine.checkpoint({"step": 2, "by": "mine"})
+    with pytest.raises(StaleParent) as raised:
+        theirs.checkpoint({"step": 2, "by": "theirs"})
+
+    assert raised.value.head == winner.id and raised.value.status == 409 and raised.value.code == "stale_parent"
+    assert theirs.state == {"step": 1}  # left as it was: the caller decides
+    theirs.refresh()
+    assert (theirs.head, theirs.state) == (winner.id, {"step": 2, "by": "mine"})
+    assert theirs.checkpoint({"step": 3}).parent_id == winner.id
+
+
+@live
+def test_a_tool_runs_once_per_thread_and_every_caller_gets_the_first_result(client: Client) -> None:
+    calls: list[str] = []
+
+    def search_flights(city: str, day: str) -> dict[str, Any]:
+        calls.append(city)
+        return {"flights": [f"TP{len(calls)}"], "city": city}
+
+    args = {"city": "Lisbon", "day": "2025-06-01"}
+    mine = client.thread(external_id="trip-10")
+    mine.checkpoint({"step": 1})
+    theirs = client.thread(external_id="trip-10")
+
+    first = mine.tool("search_flights", args, search_flights)
+    again = theirs.tool("search_flights", args, search_flights)
+
+    assert calls == ["Lisbon"] and first == again == {"flights": ["TP1"], "city": "Lisbon"}
+    cached = theirs.cached_tool_result(tool_key("search_flights", args))
+    assert cached is not None and cached.checkpoint_id == mine.head and cached.tool == "search_flights"
+    assert theirs.cached_tool_result(tool_key("search_flights", {"city": "Porto"})) is None
+    assert mine.tool("echo", "not a dict", lambda text: text.upper()) == "NOT A DICT"
+
+
+@live
+def test_a_call_that_loses_the_race_returns_the_result_stored_first(client: Client) -> None:
+    mine = client.thread(external_id="trip-11")
+    theirs = client.thread(external_id="trip-11")
+
+    def slow_quote(route: str) -> str:
+        # While this call runs, another process makes the same call and stores its answer first.
+        assert theirs.tool("quote", {"route": route}, lambda route: "EUR 120") == "EUR 120"
+        return "EUR 135"
+
+    assert mine.tool("quote", {"route": "LIS-OPO"}, slow_quote) == "EUR 120"
+
+
+def test_the_tool_key_is_the_servers() -> None:
+    for name, args in [("search", {"b": 1, "a": ["ü", 2.5, None]}), ("echo", "x"), ("none", None)]:
+        assert tool_key(name, args) == tools.tool_key(name, args)
+
+
+@live
+def test_an_approved_request_is_claimed_as_a_run_that_resumes_from_its_checkpoint(client: Client) -> None:
+    thread = client.thread(external_id="trip-12")
+    thread.checkpoint({"itinerary": ["LIS", "OPO"], "booked": False})
+    requested = thread.request_approval("book_flight", {"flight": "TP123"}, message="Book TP123?", risk="high")
+    assert requested.status == "pending" and requested.decision is None
+    assert requested.checkpoint_id == thread.head and thread.status == "waiting_for_approval"
+    assert client.claim() is None  # nothing to resume before a decision
+
+    reviewer = User.objects.create_user("rita")
+    grant_role(user=reviewer, role="reviewer")
+    services.decide(approval=ApprovalRequest.objects.get(pk=requested.id), user=reviewer, decision="approve")
+    assert client.approval(requested.id).status == "approved"
+
+    run = client.claim(wait=5)
+    assert run is not None and run.approval is not None
+    assert (run.reason, run.thread_id, run.checkpoint_id) == ("approval", thread.id, requested.checkpoint_id)
+    assert run.approval.decision is not None and run.approval.decision["status"] == "approved"
+    assert run.approval.decision["args"] == {"flight": "TP123"} and run.approval.decision["decided_by"] == "rita"
+    resumed = run.thread()
+    assert (resumed.head, resumed.state) == (requested.checkpoint_id, {"itinerary": ["LIS", "OPO"], "booked": False})
+
+    lease = run.lease_expires_at
+    time.sleep(0.05)
+    run.heartbeat()
+    assert run.status == "running" and lease is not None and run.lease_expires_at is not None
+    assert run.lease_expires_at > lease
+    resumed.checkpoint(resumed.state | {"booked": True}, status="completed")
+    run.complete()
+    assert run.status == "completed" and Run.objects.get(pk=run.id).status == RunStatus.COMPLETED
+    with pytest.raises(Conflict) as raised:
+        run.complete()
+    assert raised.value.code == "run_finished"
+
+
+@live
+def test_a_failed_run_records_its_error(client: Client) -> None:
+    thread = client.thread()
+    head = thread.checkpoint({"step": 1})
+    row = Thread.objects.get(pk=thread.id)
+    enqueue_run(thread=row, checkpoint=Checkpoint.objects.get(pk=head.id), reason=RunReason.MANUAL)
+
+    run = client.claim()
+    assert run is not None and run.reason == "manual"
+    run.fail("tool timed out")
+    assert run.status == "failed" and Run.objects.get(pk=run.id).error == "tool timed out"
+
+
+@live
+def test_claiming_from_an_empty_queue_returns_none_at_once(client: Client) -> None:
+    started = time.monotonic()
+    assert client.claim(wait=0) is None
+    assert time.monotonic() - started < 2
+
+
+@live
+def test_server_errors_become_typed_exceptions(live_server: Any, client: Client) -> None:
+    with (
+        Client(live_server.url, "qs_abcdef012345_not-the-secret") as stranger,
+        pytest.raises(AuthenticationFailed) as bad,
+    ):
+        stranger.thread()
+    assert (bad.value.status, bad.value.code) == (401, "authentication_failed")
+
+    foreign, _ = store.create_thread(agent=get_or_create_agent(name="code-review"), external_id="review-1")
+    with pytest.raises(NotFound) as missing:
+        client.thread_by_id(str(foreign.pk))
+    assert (missing.value.status, missing.value.code) == (404, "not_found")
+
+    with pytest.raises(PermissionDenied):
+        client.thread(agent="code-review")
+
+    thread = client.thread()
+    thread.checkpoint({"a": 1})
+    with pytest.raises(InvalidInput) as invalid:
+        thread.request_approval("book", {}, risk="extreme")
+    assert invalid.value.status == 400 and "risk" in invalid.value.detail["fields"]
+
+
+@pytest.mark.parametrize(
+    ("base", "target"),
+    [
+        ({"a": 1}, {"a": 1}),
+        ({"a": 1, "b": {"c": [1, 2]}}, {"b": {"c": [1, 2, 3], "d": None}, "e/f~": True}),
+        ({"log": [1, 2, 3, 4]}, {"log": [0, 1, 2, 3, 4]}),
+        ({"log": [1, 2, 3, 4]}, {"log": [1, 2]}),
+        ({"log": [{"x": 1}, {"x": 2}]}, {"log": [{"x": 1}, {"x": 3}, {"x": 4}]}),
+        ({"flag": 1}, {"flag": True}),
+        ({"v": [1]}, {"v": {"0": 1}}),
+        ({"n": "1"}, {"n": 1.5}),
+    ],
+)
+def test_make_patch_turns_base_into_target(base: dict[str, Any], target: dict[str, Any]) -> None:
+    patched = jsonpatch.apply_patch(base, make_patch(base, target)).doc
+    assert jsonpatch.json_equal(patched, target)
+
+
+def test_make_patch_appends_with_dash_and_recurses_into_objects() -> None:
+    base = {"messages": [{"i": 0}], "plan": {"city": "Lisbon", "nights": 2}}
+    target = {"messages": [{"i": 0}, {"i": 1}], "plan": {"city": "Lisbon", "nights": 3}}
+    assert make_patch(base, target) == [
+        {"op": "add", "path": "/messages/-", "value": {"i": 1}},
+        {"op": "replace", "path": "/plan/nights", "value": 3},
+    ]
+    assert make_patch(base, base) == []

@@ -7,6 +7,7 @@ from typing import Any
 from uuid import UUID
 
 from django.db import connection
+from django.utils import timezone
 
 from checkpoints import codec
 from checkpoints.errors import InvalidState
@@ -38,13 +39,16 @@ def put_tool_result(
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
-            "VALUES (%s, %s, %s, %s::jsonb, %s, now()) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
+            "VALUES (%s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
             [
                 thread.pk,
                 key,
                 tool[:200],
                 codec.to_canonical_bytes(result).decode(),
                 checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint,
+                # The clock now, not now(): that is when the transaction began, which
+                # would date a result before checkpoints written earlier in it.
+                timezone.now(),
             ],
         )
         created = cursor.fetchone() is not None

@@ -2,13 +2,98 @@
 
 from __future__ import annotations
 
+from typing import Any
 from uuid import UUID
 
+from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 
+from checkpoints import diffview, store
+from checkpoints.access import get_checkpoint_for
+from checkpoints.errors import IntegrityFailure
+from checkpoints.models import Checkpoint, PayloadKind, Thread, ToolResult
 from checkpoints.views import viewer_required
+
+# Newest tool results listed; the page says how many there are in all.
+TOOL_RESULTS_SHOWN = 50
+# Raw JSON beyond this many characters is cut; the API link serves the whole state.
+RAW_CHARS = 1_000_000
+# What the tool-results table reads, without the linked checkpoint's payload.
+_TOOL_RESULT_FIELDS = ("key", "tool", "result", "created_at", "checkpoint__seq", "checkpoint__label")
 
 
 @viewer_required
 def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
-    raise NotImplementedError
+    checkpoint = get_checkpoint_for(request.user, checkpoint_id)
+    thread = Thread.objects.select_related("agent").get(pk=checkpoint.thread_id)
+    state: dict[str, Any] | None = None
+    failure = ""
+    try:
+        state = store.load_node(checkpoint.pk).state
+    except IntegrityFailure as exc:
+        # An altered row is a finding to show, not a server error: the page says so
+        # and shows no state, since nothing read past that row can be trusted.
+        failure = exc.message
+    previous, following = _neighbours(checkpoint)
+    tool_results, tool_total = _tool_results(checkpoint)
+    tree = diffview.render_tree(state) if state is not None else None
+    context = {
+        "nav": "threads",
+        "thread": thread,
+        "thread_label": thread_label(thread),
+        "checkpoint": checkpoint,
+        "storage": PayloadKind(checkpoint.kind).label,
+        "failure": failure,
+        "tree": tree,
+        "tree_nodes": f"{diffview.TREE_NODES:,}",
+        "raw": diffview.pretty(state, limit=RAW_CHARS) if state is not None else None,
+        "metadata": [(key, diffview.short(value)) for key, value in checkpoint.metadata.items()],
+        "model": [(name, value) for name, value in checkpoint.model.items() if value is not None],
+        "previous": previous,
+        "next": following,
+        "tool_results": [
+            (result, diffview.short(result.result, limit=90), diffview.pretty(result.result)) for result in tool_results
+        ],
+        "tool_total": tool_total,
+    }
+    return render(request, "checkpoints/checkpoint_detail.html", context)
+
+
+def thread_label(thread: Thread) -> str:
+    """How breadcrumbs and titles name a thread: its external id, else the start of its id."""
+    return thread.external_id or str(thread.pk)[:8]
+
+
+def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None]:
+    """(previous, next): the parent, and the child that continues the same branch."""
+    wanted = Q(thread_id=checkpoint.thread_id, branch_id=checkpoint.branch_id, seq=checkpoint.seq + 1)
+    if checkpoint.parent_id is not None:
+        wanted |= Q(pk=checkpoint.parent_id)
+    previous = following = None
+    # One query for both: the parent may sit on another branch (the fork point).
+    for row in Checkpoint.objects.filter(wanted).select_related("branch").only("seq", "label", "branch__name"):
+        if row.pk == checkpoint.parent_id:
+            previous = row
+        else:
+            following = row
+    return previous, following
+
+
+def _tool_results(checkpoint: Checkpoint) -> tuple[list[ToolResult], int]:
+    """Tool results the thread had cached when this checkpoint was written, newest first.
+
+    Results written with the checkpoint itself land a moment after its timestamp
+    (the same transaction), hence "or linked to it".
+    """
+    cached = ToolResult.objects.filter(
+        Q(created_at__lte=checkpoint.created_at) | Q(checkpoint_id=checkpoint.pk), thread_id=checkpoint.thread_id
+    )
+    rows = list(
+        cached.select_related("checkpoint")
+        .only(*_TOOL_RESULT_FIELDS)
+        .order_by("-created_at", "-id")[: TOOL_RESULTS_SHOWN + 1]
+    )
+    # Count only when the list is cut: usually one query, not two.
+    total = cached.count() if len(rows) > TOOL_RESULTS_SHOWN else len(rows)
+    return rows[:TOOL_RESULTS_SHOWN], total

@@ -103,6 +103,6 @@ def test_malformed_filters_give_a_400_page(viewer_page: Client, query: str) -> N
 
 def test_query_count_does_not_grow_with_the_page(viewer_page: Client, django_assert_max_num_queries: Any) -> None:
     seed(60)
-    with django_assert_max_num_queries(8):
+    with django_assert_max_num_queries(9):
         response = viewer_page.get("/")
     assert response.content.decode().count('href="/threads/') == 50

@@ -106,3 +106,19 @@ class Worker:
             finish_run(run=run, worker=self.name, status=status, error=error)
         except LeaseLost:
             log.warning("run %s: lease lost before it finished; another worker owns it now", run.pk)
+
+
+def start_background_worker() -> threading.Thread:
+    """Run a worker in a daemon thread of this process (the embedded, one-process set-up)."""
+
+    def serve() -> None:
+        try:
+            Worker(name=f"{socket.gethostname()}:{os.getpid()}:embedded").run_forever()
+        except Exception:
+            log.exception("the embedded worker stopped")
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=serve, name="embedded-worker", daemon=True)
+    thread.start()
+    return thread

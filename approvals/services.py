@@ -234,6 +234,7 @@ def _check_json(value: Any, field: str) -> None:
 def _summary(approval: ApprovalRequest) -> dict[str, Any]:
     return {
         "approval": str(approval.pk),
+        "agent": approval.thread.agent.name,
         "action": approval.action,
         "status": approval.status,
         "checkpoint": str(approval.checkpoint_id),

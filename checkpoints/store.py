@@ -32,7 +32,7 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from agents.models import Agent
-from checkpoints import codec
+from checkpoints import codec, live
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
 from checkpoints.ids import new_id
 from checkpoints.jsonpatch import PatchError, apply_patch, canonical_size, make_patch, validate_ops
@@ -170,7 +170,9 @@ def record_event(*, thread: Thread | UUID, type: str, data: dict[str, Any]) -> E
         row = cursor.fetchone()
     if row is None:
         raise NotFound(f"Thread {thread_id} does not exist.")
-    return Event.objects.create(thread_id=thread_id, seq=row[0], type=type, data=data)
+    event = Event.objects.create(thread_id=thread_id, seq=row[0], type=type, data=data)
+    live.publish_on_commit(thread_id=thread_id, seq=event.seq, type=type, data=data, agent=data.get("agent"))
+    return event
 
 
 # --------------------------------------------------------------------------- writes
@@ -348,13 +350,16 @@ def _insert(params: dict[str, Any], *, branch_name: str) -> None:
             _forget_thread(params["thread_id"])
             raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
         written = cursor.fetchone()
-    if written is None:
-        head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
-        raise StaleParent(
-            f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
-            f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
-            detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0, "branch": branch_name},
-        )
+    if written is not None:
+        live.publish_on_commit(thread_id=params["thread_id"], seq=written[0], type="checkpoint.created",
+                               data=params["event"].obj)  # fmt: skip
+        return
+    head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
+    raise StaleParent(
+        f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
+        f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
+        detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0, "branch": branch_name},
+    )
 
 
 def branch_head(*, thread_id: UUID, branch_id: int) -> tuple[UUID, int] | None:
@@ -592,8 +597,9 @@ def _chain(checkpoint_id: UUID) -> list[_Row]:
     return [_Row._make((*row[:metadata], json.loads(row[metadata]), *row[metadata + 1 :])) for row in rows]
 
 
-def load_node(checkpoint_id: UUID) -> Node:
+def load_node(checkpoint_id: UUID | str) -> Node:
     """Materialise a checkpoint (cached), checking the integrity of every row replayed."""
+    checkpoint_id = checkpoint_id if isinstance(checkpoint_id, UUID) else UUID(str(checkpoint_id))
     cached = _cache.get(checkpoint_id)
     if cached is not None:
         return cached

@@ -24,8 +24,10 @@ django_wsgi_app = get_wsgi_application()
 
 from asgiref.sync import sync_to_async  # noqa: E402  (Django must be set up first)
 from asgiref.wsgi import WsgiToAsgi, WsgiToAsgiInstance  # noqa: E402
-from channels.routing import ProtocolTypeRouter  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 
 # asgiref would run every request on one shared thread (thread_sensitive); a pool lets
 # requests that wait on the database overlap. Sized for runs/claim long-polls, which
@@ -44,11 +46,20 @@ class PooledWsgiToAsgi(WsgiToAsgi):
         await _PooledInstance(self.wsgi_application)(scope, receive, send)  # type: ignore[no-untyped-call]
 
 
-http_app: Any = PooledWsgiToAsgi(django_wsgi_app)  # type: ignore[no-untyped-call]
-if settings.QUICKSAVE_SERVE_STATIC:
-    http_app = ASGIStaticFilesHandler(http_app)
+# Static files take the same pooled WSGI path as pages (Django's ASGI static handler
+# trips over asgiref's thread-sensitive executor under load).
+wsgi_app: Any = StaticFilesHandler(django_wsgi_app) if settings.QUICKSAVE_SERVE_STATIC else django_wsgi_app
+http_app: Any = PooledWsgiToAsgi(wsgi_app)  # type: ignore[no-untyped-call]
 
-application = ProtocolTypeRouter({"http": http_app})
+from agents.ws_auth import AgentKeyAuthMiddleware  # noqa: E402
+from approvals.routing import websocket_urlpatterns as inbox_routes  # noqa: E402
+from checkpoints.routing import websocket_urlpatterns as thread_routes  # noqa: E402
+
+websocket_app = AllowedHostsOriginValidator(
+    AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+)
+
+application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})
 
 if settings.QUICKSAVE_EMBEDDED_WORKER:
     from agents.worker import start_background_worker

@@ -1,0 +1,56 @@
+"""Websocket for the inbox: the pending approvals on connect, then every request and decision live."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from agents.auth import AgentPrincipal
+from approvals.models import ApprovalRequest, ApprovalStatus
+from checkpoints import live
+from checkpoints.access import visible_threads
+
+
+def _pending(principal: Any) -> list[str]:
+    return [
+        str(pk)
+        for pk in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, thread__in=visible_threads(principal))
+        .order_by("created_at")
+        .values_list("pk", flat=True)
+    ]
+
+
+def _sees_everything(principal: Any) -> bool:
+    return bool(principal.has_perm("checkpoints.view_thread"))
+
+
+class InboxConsumer(AsyncJsonWebsocketConsumer):
+    """`/ws/inbox/`: first an `inbox.sync` with the pending approval ids (a reconnecting client
+    reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
+
+    async def connect(self) -> None:
+        live.register_server_loop(asyncio.get_running_loop())
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        self.agent = user.agent.name if isinstance(user, AgentPrincipal) else None
+        if self.agent is None and not await database_sync_to_async(_sees_everything)(user):
+            await self.close(code=4403)
+            return
+        await self.channel_layer.group_add(live.INBOX_GROUP, self.channel_name)
+        await self.accept()
+        pending = await database_sync_to_async(_pending)(user)
+        await self.send_json({"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": pending}})
+
+    async def disconnect(self, code: int) -> None:
+        await self.channel_layer.group_discard(live.INBOX_GROUP, self.channel_name)
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        if self.agent is not None and event.get("agent") != self.agent:
+            return  # an agent key sees its own agent's approvals only
+        await self.send_json({key: event[key] for key in ("type", "seq", "thread", "data")})

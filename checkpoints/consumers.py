@@ -1,0 +1,92 @@
+"""Websocket for one thread: replay the events a client missed, then forward live ones in order."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from urllib.parse import parse_qs
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from checkpoints import live
+from checkpoints.access import visible_threads
+from checkpoints.models import Event
+
+REPLAY_BATCH = 500
+
+
+def _can_view(principal: Any, thread_id: str) -> bool:
+    return visible_threads(principal).filter(pk=thread_id).exists()
+
+
+def _events_after(thread_id: str, seq: int) -> list[dict[str, Any]]:
+    rows = Event.objects.filter(thread_id=thread_id, seq__gt=seq).order_by("seq")[:REPLAY_BATCH]
+    return [live.message(thread_id=thread_id, seq=row.seq, type=row.type, data=row.data) for row in rows]
+
+
+def after_seq(scope: dict[str, Any]) -> int | None:
+    """The `after_seq` query parameter: 0 when absent, None when malformed."""
+    values = parse_qs(scope.get("query_string", b"").decode()).get("after_seq", ["0"])
+    try:
+        seq = int(values[-1])
+    except ValueError:
+        return None
+    return seq if seq >= 0 else None
+
+
+class ThreadConsumer(AsyncJsonWebsocketConsumer):
+    """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
+
+    Consumers handle one message at a time, so live events that arrive during the
+    replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay.
+    """
+
+    async def connect(self) -> None:
+        live.register_server_loop(asyncio.get_running_loop())
+        self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        if not await database_sync_to_async(_can_view)(user, self.thread_id):
+            await self.close(code=4404)
+            return
+        start = after_seq(self.scope)
+        if start is None:
+            await self.close(code=4400)
+            return
+        self.last_seq = start
+        await self.channel_layer.group_add(live.thread_group(self.thread_id), self.channel_name)
+        await self.accept()
+        await self._replay()
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "last_seq"):
+            await self.channel_layer.group_discard(live.thread_group(self.thread_id), self.channel_name)
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        if event["seq"] <= self.last_seq:
+            return
+        if event["seq"] > self.last_seq + 1:
+            await self._replay()  # something was missed on the way: the table has it
+            return
+        await self._send(event)
+
+    async def _replay(self) -> None:
+        while True:
+            events = await database_sync_to_async(_events_after)(self.thread_id, self.last_seq)
+            for event in events:
+                await self._send(event)
+            if len(events) < REPLAY_BATCH:
+                return
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        self.last_seq = event["seq"]
+        await self.send_json(event)
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; a ping gets a pong so they can check the link."""
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "seq": self.last_seq})

@@ -1,0 +1,175 @@
+"""Websockets: who may connect, replay after `after_seq`, then live events in order without duplicates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+
+from agents.auth import AgentPrincipal
+from agents.keys import create_agent_key, find_agent_key, get_or_create_agent
+from checkpoints import live, store
+from checkpoints.models import Checkpoint
+from quicksave.roles import grant_role
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+
+@pytest.fixture
+def application() -> Any:
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import URLRouter
+
+    from agents.ws_auth import AgentKeyAuthMiddleware
+    from approvals.routing import websocket_urlpatterns as inbox_routes
+    from checkpoints.routing import websocket_urlpatterns as thread_routes
+
+    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+
+
+def _viewer() -> User:
+    user = User.objects.create_user("vera", password="pw-12345678")
+    grant_role(user=user, role="viewer")
+    return User.objects.get(pk=user.pk)
+
+
+def _thread_with(n: int) -> Any:
+    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"))
+    parent = None
+    for i in range(n):
+        parent = store.append_checkpoint(thread=thread, parent=parent, state={"i": i})
+    return thread
+
+
+async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(application, path)
+    communicator.scope["user"] = user
+    return communicator
+
+
+async def test_a_viewer_gets_every_event_after_after_seq_then_live_ones_in_order(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(3)  # events 1 (thread.created) .. 4
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=2", viewer)
+    connected, _ = await communicator.connect()
+    assert connected
+
+    replayed = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    assert [(event["seq"], event["type"]) for event in replayed] == [
+        (3, "checkpoint.created"),
+        (4, "checkpoint.created"),
+    ]
+    assert replayed[0]["thread"] == str(thread.pk)
+
+    head, _ = await sync_to_async(store.latest_state)(thread=thread)
+    await sync_to_async(store.append_checkpoint)(thread=thread, parent=head, state={"i": 99}, label="live")
+    event = await communicator.receive_json_from(timeout=5)
+    assert (event["seq"], event["data"]["label"]) == (5, "live")
+    await communicator.disconnect()
+
+
+async def test_a_missed_live_event_is_filled_in_from_the_table(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=2", viewer)
+    await communicator.connect()
+
+    # Two events commit, but only the second reaches the group (the first was lost on the way).
+    def write_two() -> None:
+        head, _ = store.latest_state(thread=thread)
+        first = store.append_checkpoint(thread=thread, parent=head, state={"i": 1})
+        store.append_checkpoint(thread=thread, parent=first, state={"i": 2})
+
+    sent = live._publisher.send
+    live._publisher.send = lambda group, payload: None  # type: ignore[method-assign]
+    try:
+        await sync_to_async(write_two)()
+    finally:
+        live._publisher.send = sent  # type: ignore[method-assign]
+    await communicator.receive_nothing(timeout=0.2)
+    from channels.layers import get_channel_layer
+
+    await get_channel_layer().group_send(
+        live.thread_group(thread.pk),
+        {"type": "live.event", "event": live.message(thread_id=thread.pk, seq=4, type="checkpoint.created", data={})},
+    )
+    got = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    assert [event["seq"] for event in got] == [3, 4]  # seq 3 came from the table, no duplicate of 4
+    assert await communicator.receive_nothing(timeout=0.3)
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize("who", ["anonymous", "stranger", "foreign-key"])
+async def test_people_and_agents_who_cannot_see_the_thread_are_refused(application: Any, who: str) -> None:
+    thread = await sync_to_async(_thread_with)(1)
+
+    def principal() -> Any:
+        if who == "anonymous":
+            return AnonymousUser()
+        if who == "stranger":
+            return User.objects.create_user("sam", password="pw-12345678")
+        _, raw = create_agent_key(agent=get_or_create_agent(name="code-review"))
+        key = find_agent_key(raw)
+        assert key is not None
+        return AgentPrincipal(key)
+
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/", await sync_to_async(principal)())
+    connected, code = await communicator.connect()
+    assert not connected
+    assert code in (4401, 4404)
+
+
+async def test_an_agent_key_in_the_handshake_reaches_its_own_thread(application: Any) -> None:
+    thread = await sync_to_async(_thread_with)(1)
+    _, raw = await sync_to_async(create_agent_key)(agent=await sync_to_async(get_or_create_agent)(name="travel"))
+    communicator = WebsocketCommunicator(
+        application, f"/ws/threads/{thread.pk}/", headers=[(b"authorization", f"Bearer {raw}".encode())]
+    )
+    communicator.scope["user"] = AnonymousUser()
+    connected, _ = await communicator.connect()
+    assert connected
+    assert (await communicator.receive_json_from(timeout=5))["seq"] == 1
+    await communicator.disconnect()
+
+
+async def test_malformed_after_seq_is_refused(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=abc", viewer)
+    connected, code = await communicator.connect()
+    assert (connected, code) == (False, 4400)
+
+
+async def test_the_inbox_syncs_pending_approvals_then_streams_decisions(application: Any) -> None:
+    from approvals.services import decide, request_approval
+
+    viewer = await sync_to_async(_viewer)()
+
+    def suspend() -> Any:
+        thread = _thread_with(1)
+        checkpoint = Checkpoint.objects.get(thread=thread, seq=1)
+        return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
+
+    first = await sync_to_async(suspend)()
+    communicator = await connect(application, "/ws/inbox/", viewer)
+    assert (await communicator.connect())[0]
+    sync = await communicator.receive_json_from(timeout=5)
+    assert sync == {"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": [str(first.pk)]}}
+
+    second = await sync_to_async(suspend)()
+    requested = await communicator.receive_json_from(timeout=5)
+    assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
+
+    def decide_first() -> None:
+        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        grant_role(user=reviewer, role="reviewer")
+        decide(approval=first, user=User.objects.get(pk=reviewer.pk), decision="approve")
+
+    await sync_to_async(decide_first)()
+    decided = await communicator.receive_json_from(timeout=5)
+    assert (decided["type"], decided["data"]["approval"], decided["data"]["status"]) == (
+        "approval.decided", str(first.pk), "approved")  # fmt: skip
+    await communicator.disconnect()

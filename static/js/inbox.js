@@ -1,0 +1,38 @@
+// The inbox, live: new requests appear and decided ones disappear without a reload.
+import { connectFeed } from "./live.js";
+
+const table = document.getElementById("inbox-body");
+const pendingOnly = document.body.dataset.inboxStatus === "pending";
+
+async function refresh() {
+  if (!table) {
+    location.reload(); // the empty state has no list to update
+    return;
+  }
+  // The server renders the list; fetch the same page and swap the part that changes.
+  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
+  if (!response.ok) return;
+  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const fresh = page.getElementById("inbox-body");
+  if (fresh) table.replaceChildren(...fresh.childNodes);
+}
+
+function removeRow(approvalId) {
+  document.querySelector(`tr[data-approval="${approvalId}"]`)?.remove();
+}
+
+if (pendingOnly) {
+  connectFeed({
+    path: "/ws/inbox/",
+    onEvent(event) {
+      if (event.type === "approval.decided") removeRow(event.data.approval);
+      if (event.type === "approval.requested") refresh();
+    },
+    onSync(event) {
+      const pending = new Set(event.data.pending);
+      const shown = [...document.querySelectorAll("tr[data-approval]")].map((row) => row.dataset.approval);
+      shown.filter((id) => !pending.has(id)).forEach(removeRow);
+      if ([...pending].some((id) => !shown.includes(id))) refresh();
+    },
+  });
+}

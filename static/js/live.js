@@ -1,0 +1,70 @@
+// The live feed: one websocket with catch-up. It tracks the last event seq it applied,
+// reconnects with backoff (asking the server to replay everything after that seq),
+// and treats a gap in seq as a lost message: it reconnects, and the replay fills it.
+
+const LABELS = { connecting: "Connecting…", live: "Live", down: "Offline — reconnecting…" };
+
+export function connectFeed({ path, afterSeq = 0, onEvent, onSync = () => {}, onReconnect = () => {} }) {
+  const indicator = document.getElementById("live-status");
+  let lastSeq = afterSeq;
+  let attempt = 0;
+  let socket = null;
+  let stopped = false;
+  let wasDown = false;
+
+  function show(state) {
+    if (!indicator) return;
+    indicator.hidden = false;
+    indicator.dataset.state = state;
+    indicator.textContent = LABELS[state];
+  }
+
+  function url() {
+    const scheme = location.protocol === "https:" ? "wss" : "ws";
+    return `${scheme}://${location.host}${path}?after_seq=${lastSeq}`;
+  }
+
+  function open() {
+    show(attempt === 0 && !wasDown ? "connecting" : "down");
+    socket = new WebSocket(url());
+    socket.addEventListener("open", () => {
+      attempt = 0;
+      show("live");
+      if (wasDown) onReconnect();
+      wasDown = false;
+    });
+    socket.addEventListener("message", (message) => {
+      const event = JSON.parse(message.data);
+      if (event.type === "inbox.sync") {
+        onSync(event);
+        return;
+      }
+      if (typeof event.seq !== "number" || event.seq <= lastSeq) return;
+      if (event.seq > lastSeq + 1 && lastSeq > 0) {
+        socket.close(); // a gap: reconnect and let the server replay from lastSeq
+        return;
+      }
+      lastSeq = event.seq;
+      onEvent(event);
+    });
+    socket.addEventListener("close", () => {
+      if (stopped) return;
+      wasDown = true;
+      show("down");
+      const delay = Math.min(15000, 500 * 2 ** attempt) * (0.75 + Math.random() / 2);
+      attempt += 1;
+      setTimeout(open, delay);
+    });
+  }
+
+  open();
+  return {
+    get lastSeq() {
+      return lastSeq;
+    },
+    close() {
+      stopped = true;
+      socket?.close();
+    },
+  };
+}

@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals import services
+from approvals.audit import client_address
 from approvals.models import ApprovalRequest
 from approvals.serializers import (
     ApprovalCreateSerializer,
@@ -100,6 +101,6 @@ class DecideView(APIView):
         data = serializer.validated_data
         decided = services.decide(
             approval=approval, user=user, decision=data["decision"], comment=data["comment"],
-            args=data["args"],
+            args=data["args"], address=client_address(request),
         )  # fmt: skip
         return Response(approval_data(get_approval_for(request.user, decided.pk)))

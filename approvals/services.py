@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from agents.models import Agent, RunReason
 from agents.runs import enqueue_run
+from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus, Risk
 from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
@@ -92,6 +93,7 @@ def decide(
     decision: str,
     comment: str = "",
     args: Any = None,
+    address: str | None = None,
 ) -> ApprovalRequest:
     """Record a reviewer's decision and queue the agent's resume, or raise why not.
 
@@ -123,6 +125,12 @@ def decide(
             locked.decided_by = user
             locked.decided_at = now
             locked.save(update_fields=["status", "decided_args", "args_edited", "comment", "decided_by", "decided_at"])
+            audit.record(
+                actor=user, action=f"approval.{decision}", target_type="approval", target_id=locked.pk,
+                thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "args": locked.args},
+                after={"status": locked.status, "args": locked.decided_args, "args_edited": locked.args_edited},
+                address=address,
+            )  # fmt: skip
             _resume(locked)
     if expired:
         raise ApprovalExpired(

@@ -14,6 +14,7 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from approvals import services
+from approvals.audit import client_address
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import diffview, store
 from checkpoints.access import visible_threads
@@ -86,8 +87,10 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
             decision = "approve"
         if not errors:
             try:
-                services.decide(approval=approval, user=user, decision=decision,
-                                comment=request.POST.get("comment", ""), args=args)  # fmt: skip
+                services.decide(
+                    approval=approval, user=user, decision=decision, comment=request.POST.get("comment", ""),
+                    args=args, address=client_address(request),
+                )  # fmt: skip
                 return redirect("inbox:approval", approval_id=approval.pk)
             except services.InvalidApproval as exc:
                 field = exc.detail.get("field", "decision")

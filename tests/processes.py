@@ -1,0 +1,71 @@
+"""Helpers for tests that run Quicksave in other OS processes against the test database."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote, urlencode, urlunsplit
+
+import httpx
+from django.conf import settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url() -> str:
+    """DATABASE_URL for the database this test runs against, in the form quicksave.settings reads."""
+    db = settings.DATABASES["default"]
+    userinfo = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        userinfo += ":" + quote(db["PASSWORD"], safe="")
+    host = db["HOST"] or ""
+    socket_dir = host.startswith("/")  # the embedded server listens on a socket in a directory
+    netloc = (userinfo + "@" if userinfo else "") + ("" if socket_dir else host)
+    if db["PORT"]:
+        netloc += f":{db['PORT']}"
+    query = {key: value for key, value in db["OPTIONS"].items() if isinstance(value, str)}
+    if socket_dir:
+        query["host"] = host
+    return urlunsplit(("postgresql", netloc, "/" + quote(db["NAME"]), urlencode(query), ""))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """A uvicorn process serving quicksave.asgi on 127.0.0.1:port; returns once /healthz answers."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server on :{port} exited: {process.stderr.read().decode() if process.stderr else ''}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503):
+                return process
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise RuntimeError(f"server on :{port} did not start")
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

@@ -24,6 +24,7 @@ function removeRow(approvalId) {
 if (pendingOnly) {
   connectFeed({
     path: "/ws/inbox/",
+    ordered: false,
     onEvent(event) {
       if (event.type === "approval.decided") removeRow(event.data.approval);
       if (event.type === "approval.requested") refresh();

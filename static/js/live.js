@@ -4,7 +4,9 @@
 
 const LABELS = { connecting: "Connecting…", live: "Live", down: "Offline — reconnecting…" };
 
-export function connectFeed({ path, afterSeq = 0, onEvent, onSync = () => {}, onReconnect = () => {} }) {
+// `ordered` feeds (one thread) carry one seq sequence; the inbox mixes threads, so it
+// does not track seq and relies on the server's inbox.sync after every reconnect.
+export function connectFeed({ path, afterSeq = 0, ordered = true, onEvent, onSync = () => {}, onReconnect = () => {} }) {
   const indicator = document.getElementById("live-status");
   let lastSeq = afterSeq;
   let attempt = 0;
@@ -21,7 +23,7 @@ export function connectFeed({ path, afterSeq = 0, onEvent, onSync = () => {}, on
 
   function url() {
     const scheme = location.protocol === "https:" ? "wss" : "ws";
-    return `${scheme}://${location.host}${path}?after_seq=${lastSeq}`;
+    return ordered ? `${scheme}://${location.host}${path}?after_seq=${lastSeq}` : `${scheme}://${location.host}${path}`;
   }
 
   function open() {
@@ -37,6 +39,10 @@ export function connectFeed({ path, afterSeq = 0, onEvent, onSync = () => {}, on
       const event = JSON.parse(message.data);
       if (event.type === "inbox.sync") {
         onSync(event);
+        return;
+      }
+      if (!ordered) {
+        onEvent(event);
         return;
       }
       if (typeof event.seq !== "number" || event.seq <= lastSeq) return;

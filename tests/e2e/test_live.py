@@ -1,0 +1,153 @@
+"""Live pages in Chromium against a real ASGI server (uvicorn) with websockets.
+
+A decision taken in one browser removes the approval from another browser's open inbox;
+with Redis killed under the server, the page shows it is offline, and once Redis is back
+it reconnects and catches up from the database.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.contrib.auth.models import User
+
+from agents.demo import TravelAgent
+from agents.keys import create_agent_key, get_or_create_agent
+from agents.runtime import start_thread
+from agents.worker import Worker
+from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.services import decide
+from tests.e2e.conftest import Pages, make_person
+from tests.processes import free_port, start_server, stop
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+
+def suspended_trip(external_id: str) -> ApprovalRequest:
+    thread = start_thread(agent_class=TravelAgent, external_id=external_id)
+    worker = Worker(name="e2e")
+    while worker.run_once():
+        pass
+    return ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
+
+
+@pytest.fixture
+def asgi_server() -> Iterator[str]:
+    port = free_port()
+    process = start_server(port, {})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(process)
+
+
+class PrivateRedis:
+    """A redis-server of this test's own, so killing it touches nothing else on the machine."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        assert binary is not None
+        self.process = subprocess.Popen(
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.directory)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(0.5)
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait()
+
+
+def open_inbox(browser: Any, base_url: str, username: str, name: str) -> tuple[Any, Pages]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    pages = Pages(context.new_page(), base_url, name)
+    pages.login(username)
+    pages.goto("/inbox/")
+    pages.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+    return context, pages
+
+
+def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser: Any, asgi_server: str) -> None:
+    make_person("rita", "reviewer")
+    make_person("ravi", "reviewer")
+    approval = suspended_trip("trip-live")
+    mine, rita = open_inbox(browser, asgi_server, "rita", "live-rita")
+    theirs, ravi = open_inbox(browser, asgi_server, "ravi", "live-ravi")
+    row = f"tr[data-approval='{approval.pk}']"
+    assert ravi.page.locator(row).count() == 1
+    ravi.shot("inbox before")
+
+    rita.goto(f"/inbox/{approval.pk}/")
+    rita.page.click("#approve")
+    rita.page.wait_for_load_state()
+
+    ravi.page.wait_for_selector(row, state="detached", timeout=15_000)  # no reload
+    ravi.shot("inbox after")
+    assert ravi.page.url.endswith("/inbox/")
+
+    # An external agent asks for approval through the same server: it appears without a reload.
+    _, key = create_agent_key(agent=get_or_create_agent(name="travel"))
+    with httpx.Client(base_url=asgi_server, headers={"Authorization": f"Bearer {key}"}) as api:
+        thread = api.post("/api/v1/threads/", json={"external_id": "trip-live-2"}).json()
+        first = api.post(f"/api/v1/threads/{thread['id']}/checkpoints/", json={"parent": None, "state": {}}).json()
+        request = {"checkpoint": first["id"], "action": "book_hotel", "args": {"nights": 2}}
+        another = api.post(f"/api/v1/threads/{thread['id']}/approvals/", json=request).json()
+    ravi.page.wait_for_selector(f"tr[data-approval='{another['id']}']", timeout=15_000)
+    assert rita.errors == [] and ravi.errors == []
+    mine.close()
+    theirs.close()
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
+def test_with_redis_killed_the_page_shows_offline_then_catches_up(browser: Any, tmp_path: Path) -> None:
+    make_person("ravi", "reviewer")
+    approval = suspended_trip("trip-offline")
+    redis_server = PrivateRedis(tmp_path)
+    redis_server.start()
+    port = free_port()
+    server = start_server(port, {"REDIS_URL": redis_server.url})
+    try:
+        context, ravi = open_inbox(browser, f"http://127.0.0.1:{port}", "ravi", "offline")
+        row = f"tr[data-approval='{approval.pk}']"
+        assert ravi.page.locator(row).count() == 1
+
+        redis_server.kill()
+        ravi.page.wait_for_selector("#live-status[data-state='down']", timeout=20_000)
+        ravi.shot("offline")
+        # Decided while the page cannot hear about it: the event is in the table, not on the wire.
+        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        from quicksave.roles import grant_role
+
+        grant_role(user=reviewer, role="reviewer")
+        decide(approval=approval, user=User.objects.get(pk=reviewer.pk), decision="approve")
+        assert ravi.page.locator(row).count() == 1
+
+        redis_server.start()
+        ravi.page.wait_for_selector("#live-status[data-state='live']", timeout=40_000)
+        ravi.page.wait_for_selector(row, state="detached", timeout=15_000)  # caught up on reconnect
+        ravi.shot("back online")
+        # While Redis was down the browser logged failed websocket handshakes; that is the scenario.
+        ravi.errors.clear()
+        context.close()
+    finally:
+        stop(server)
+        redis_server.kill()

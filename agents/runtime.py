@@ -183,9 +183,24 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
         raise RuntimeError(f"No in-process agent is registered as {thread.agent.name!r}")
     agent = agent_class()
     start = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
+    if run.attempts > 1:
+        # An earlier attempt died holding this run after checkpointing past the run's
+        # checkpoint: go on from the last checkpoint it committed, instead of replaying
+        # from the start onto a parent that is no longer the head.
+        latest = (
+            Checkpoint.objects.defer("payload")
+            .filter(thread_id=thread.pk, branch_id=start.branch_id, seq__gt=start.seq)
+            .order_by("-seq")
+            .first()
+        )
+        if latest is not None:
+            start = latest
+            finished = _FINISHED.get(latest.status)
+            if finished is not None:
+                return finished
     state = agent.upcast(store.state_at(start), start.schema_version)
     ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0)
-    if run.approval_id:
+    if run.approval_id and start.pk == run.checkpoint_id:
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
         ctx.decision = _decision(approval)
         ctx._decided_action = approval.action
@@ -209,6 +224,14 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
         if isinstance(result, Fail):
             return "failed"
     raise RuntimeError(f"{agent.name} did not finish within {max_steps} steps")
+
+
+# A checkpoint with one of these statuses ended its run: a retried run stops there.
+_FINISHED: dict[str, str] = {
+    CheckpointStatus.COMPLETED: "done",
+    CheckpointStatus.FAILED: "failed",
+    CheckpointStatus.WAITING_FOR_APPROVAL: "suspended",
+}
 
 
 def _commit(ctx: Context, result: StepResult) -> None:

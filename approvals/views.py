@@ -43,7 +43,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
     if not form.is_valid():
         raise BadRequest(
-            "Those filters do not work: " + "; ".join(f"{k}: {' '.join(v)}" for k, v in form.errors.items())
+            "Those filters do not work: " + "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
         )
     status = form.cleaned_data["status"] or ApprovalStatus.PENDING
     approvals = _approvals(request.user).filter(status=status).defer("checkpoint__payload")

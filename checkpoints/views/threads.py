@@ -6,17 +6,18 @@ import base64
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 from uuid import UUID
 
 from django import forms
 from django.core.exceptions import BadRequest
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents.models import Agent
-from checkpoints import selectors
-from checkpoints.access import visible_threads
-from checkpoints.models import ThreadStatus
+from checkpoints import selectors, svg, timeline
+from checkpoints.access import get_thread_for, visible_threads
+from checkpoints.models import Thread, ThreadStatus
 from checkpoints.views import viewer_required
 
 PAGE_SIZE = 50
@@ -67,7 +68,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
     form = ThreadFilterForm(request.GET)
     if not form.is_valid():
         problems = "; ".join(
-            f"{form.fields[name].label or name}: {' '.join(errors)}" for name, errors in form.errors.items()
+            f"{form.fields[name].label or name}: {' '.join(map(str, errors))}" for name, errors in form.errors.items()
         )
         raise BadRequest(f"Those filters do not work: {problems}")
     data = form.cleaned_data
@@ -123,6 +124,64 @@ def _with(request: HttpRequest, **changes: str) -> str:
     return query.urlencode()
 
 
+class ThreadPageForm(forms.Form):
+    """The thread page's query: which branch, and a keyset cursor into its timeline."""
+
+    branch = forms.CharField(required=False, max_length=100)
+    before_seq = forms.IntegerField(required=False, min_value=0, max_value=timeline.MAX_SEQ)
+    after_seq = forms.IntegerField(required=False, min_value=0, max_value=timeline.MAX_SEQ)
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("before_seq") is not None and data.get("after_seq") is not None:
+            raise forms.ValidationError("give before_seq or after_seq, not both.")
+        return data
+
+
 @viewer_required
 def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
-    raise NotImplementedError  # built in the next change: timeline, branch tree and chart
+    form = ThreadPageForm(request.GET)
+    if not form.is_valid():
+        problems = "; ".join(
+            " ".join(map(str, errors)) if name == "__all__" else f"{name}: {' '.join(map(str, errors))}"
+            for name, errors in form.errors.items()
+        )
+        raise BadRequest(f"This thread link does not work ({problems}). Open the thread from the list instead.")
+    data = form.cleaned_data
+    thread = get_thread_for(request.user, thread_id)
+    branches = timeline.branch_summaries(thread)
+    selected = timeline.pick_branch(thread, branches, data["branch"] or None)
+    if selected is None:
+        raise Http404(f"Thread {thread.external_id or thread.pk} has no branch named '{data['branch']}'.")
+    page = timeline.timeline_page(thread=thread, branch=selected,
+                                  before_seq=data["before_seq"], after_seq=data["after_seq"])  # fmt: skip
+    tree = timeline.branch_tree(thread=thread, branches=branches, selected=selected, page=page)
+    series = timeline.chart_series(thread=thread, branch=selected)
+    metadata, more_metadata = timeline.compact_metadata(thread.metadata)
+    context = {
+        "nav": "threads",
+        "thread": thread,
+        "branches": branches,
+        "selected": selected,
+        "page": page,
+        "rows_html": timeline.timeline_rows_html(page, head_id=thread.head_id),
+        "head": tree.node(thread.head_id),
+        "has_checkpoints": any(not branch.is_empty for branch in branches),
+        "tree_svg": svg.branch_tree(tree),
+        "chart_svg": svg.state_chart(series, branch_name=selected.name, length=selected.length, page=page),
+        "metadata": metadata,
+        "more_metadata": more_metadata,
+        **_page_links(thread, selected, page),
+    }
+    return render(request, "checkpoints/thread_detail.html", context)
+
+
+def _page_links(thread: Thread, branch: timeline.BranchSummary, page: timeline.TimelinePage) -> dict[str, str | None]:
+    """Query strings of the newest, newer and older pages; the active branch needs no `branch`."""
+    base = {} if branch.id == thread.active_branch_id else {"branch": branch.name}
+    newer, older = page.newer_after_seq, page.older_before_seq
+    return {
+        "newest_query": urlencode(base),
+        "newer_query": urlencode({**base, "after_seq": newer}) if newer is not None else None,
+        "older_query": urlencode({**base, "before_seq": older}) if older is not None else None,
+    }

@@ -1,4 +1,5 @@
-"""Browser tests: Debian's Chromium driven by Playwright against pytest-django's live server.
+"""Browser tests: Debian's Chromium driven by Playwright against a real ASGI server (uvicorn,
+with websockets) running on the test database in its own process.
 
 Screenshots of every page a test visits go to $QUICKSAVE_TEST_OUTPUT (default: test-output/)
 under screenshots/. Any console error or failed request on a page fails the test.
@@ -56,9 +57,13 @@ class Pages:
         self.base_url = base_url
         self.name = name
         self.errors: list[str] = []
-        page.on("console", lambda message: message.type == "error" and self.errors.append(message.text))
+        page.on("console", self._console)
         page.on("pageerror", lambda error: self.errors.append(str(error)))
         page.on("requestfailed", lambda request: self.errors.append(f"failed: {request.url}"))
+
+    def _console(self, message: Any) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
 
     def goto(self, path: str) -> Any:
         return self.page.goto(self.base_url + path)
@@ -78,11 +83,24 @@ class Pages:
         return path
 
 
+@pytest.fixture(scope="session")
+def server_url(django_db_setup: Any) -> Iterator[str]:
+    """One uvicorn process for the whole run; tests commit their data (transaction=True) so it sees it."""
+    from tests.processes import free_port, start_server, stop
+
+    port = free_port()
+    process = start_server(port, {})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(process)
+
+
 @pytest.fixture(params=["light", "dark"])
-def tab(request: Any, browser: Any, live_server: Any) -> Iterator[Pages]:
+def tab(request: Any, browser: Any, server_url: str) -> Iterator[Pages]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=request.param)
     page = context.new_page()
-    pages = Pages(page, live_server.url, f"{request.node.originalname}-{request.param}")
+    pages = Pages(page, server_url, f"{request.node.originalname}-{request.param}")
     yield pages
     context.close()
     assert pages.errors == [], f"console errors: {pages.errors}"

@@ -64,7 +64,7 @@ def test_a_reviewer_edits_the_args_approves_and_the_agent_books(tab: Pages, db: 
 
 
 def test_a_rejection_needs_a_comment_and_a_viewer_sees_no_buttons(
-    tab: Pages, browser: Any, live_server: Any, db: Any
+    tab: Pages, browser: Any, server_url: str, db: Any
 ) -> None:
     make_person("rita", "reviewer")
     make_person("vera", "viewer")
@@ -73,7 +73,7 @@ def test_a_rejection_needs_a_comment_and_a_viewer_sees_no_buttons(
     approval = ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
 
     viewer_context = browser.new_context()
-    viewer = Pages(viewer_context.new_page(), live_server.url, "viewer")
+    viewer = Pages(viewer_context.new_page(), server_url, "viewer")
     viewer.login("vera")
     viewer.goto(f"/inbox/{approval.pk}/")
     assert viewer.page.locator("#approve").count() == 0

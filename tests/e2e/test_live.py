@@ -11,7 +11,6 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +36,6 @@ def suspended_trip(external_id: str) -> ApprovalRequest:
     while worker.run_once():
         pass
     return ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
-
-
-@pytest.fixture
-def asgi_server() -> Iterator[str]:
-    port = free_port()
-    process = start_server(port, {})
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(process)
 
 
 class PrivateRedis:
@@ -86,12 +75,12 @@ def open_inbox(browser: Any, base_url: str, username: str, name: str) -> tuple[A
     return context, pages
 
 
-def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser: Any, asgi_server: str) -> None:
+def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser: Any, server_url: str) -> None:
     make_person("rita", "reviewer")
     make_person("ravi", "reviewer")
     approval = suspended_trip("trip-live")
-    mine, rita = open_inbox(browser, asgi_server, "rita", "live-rita")
-    theirs, ravi = open_inbox(browser, asgi_server, "ravi", "live-ravi")
+    mine, rita = open_inbox(browser, server_url, "rita", "live-rita")
+    theirs, ravi = open_inbox(browser, server_url, "ravi", "live-ravi")
     row = f"tr[data-approval='{approval.pk}']"
     assert ravi.page.locator(row).count() == 1
     ravi.shot("inbox before")
@@ -106,7 +95,7 @@ def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser:
 
     # An external agent asks for approval through the same server: it appears without a reload.
     _, key = create_agent_key(agent=get_or_create_agent(name="travel"))
-    with httpx.Client(base_url=asgi_server, headers={"Authorization": f"Bearer {key}"}) as api:
+    with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {key}"}) as api:
         thread = api.post("/api/v1/threads/", json={"external_id": "trip-live-2"}).json()
         first = api.post(f"/api/v1/threads/{thread['id']}/checkpoints/", json={"parent": None, "state": {}}).json()
         request = {"checkpoint": first["id"], "action": "book_hotel", "args": {"nights": 2}}

@@ -1,0 +1,212 @@
+"""Dashboard benchmark: server time to render the thread page of a 10,000-checkpoint thread
+against a 10-checkpoint one, and the diff page between two checkpoints 500 steps apart on a
+thread whose state is about 500 KB.
+
+Usage (from /work/main)::
+
+    .venv/bin/python bench/dashboard.py
+    .venv/bin/python bench/dashboard.py --repeats 50 --long 20000
+
+Pages are rendered in-process through Django's test Client, signed in as a viewer, so the
+figure is the server's time (URL routing, session, permissions, queries, templates) without
+a network or a browser. Each figure is the median of `--repeats` GETs after a warm-up. The
+data lives in the dedicated ``quicksave_bench`` database (see bench.quicksave_runs); threads
+built by an earlier run are reused when complete. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+from bench.quicksave_runs import setup_django  # noqa: E402
+
+AGENT = "bench-dashboard"
+WARM_UP = 5
+THREAD_PAGE_TARGET_MS = 50.0
+THREAD_PAGE_RATIO_TARGET = 1.5
+DIFF_PAGE_TARGET_MS = 100.0
+DIFF_STEPS = 1000  # the diff thread: 1,000 appends of ~500 bytes, compared at #500 and #1000
+DIFF_MESSAGE_BYTES = 500
+
+
+def _thread_head_seq(thread: Any) -> int:
+    from checkpoints import selectors
+
+    heads = selectors.branch_heads(thread)
+    return heads.get(thread.active_branch_id, (None, 0))[1]
+
+
+def _drop_thread(thread_id: Any) -> None:
+    """Remove a half-built thread left by an interrupted run (raw SQL: the checkpoints' parent
+    and fork-point references would make the ORM walk every row)."""
+    from django.db import connection, transaction
+
+    from checkpoints.models import Thread
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("UPDATE checkpoints_thread SET active_branch_id = NULL, head_id = NULL WHERE id = %s",
+                       [thread_id])  # fmt: skip
+        cursor.execute("UPDATE checkpoints_branch SET fork_point_id = NULL WHERE thread_id = %s", [thread_id])
+        cursor.execute("DELETE FROM checkpoints_event WHERE thread_id = %s", [thread_id])
+        cursor.execute("DELETE FROM checkpoints_checkpoint WHERE thread_id = %s", [thread_id])
+        Thread.objects.filter(pk=thread_id).delete()
+
+
+def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: int | None, fork_steps: int) -> Any:
+    """A thread whose main branch has `steps` checkpoints, each appending one message of about
+    `message_bytes` to the state, and optionally a fork of `fork_steps` from main's #`fork_at`."""
+    from agents.keys import get_or_create_agent
+    from checkpoints import store
+    from checkpoints.models import Checkpoint, Thread
+
+    agent = get_or_create_agent(name=AGENT)
+    existing = Thread.objects.filter(agent=agent, external_id=external_id).first()
+    if existing is not None:
+        if _thread_head_seq(existing) == steps:
+            return existing
+        _drop_thread(existing.pk)
+    thread, _ = store.create_thread(agent=agent, external_id=external_id, metadata={"bench": "dashboard"})
+    started = time.perf_counter()
+    labels = ("plan", "search", "call_tool", "summarise")
+    filler = "x" * message_bytes
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0},
+                                     step=0, label="start", model={"name": "bench-model", "version": "1"})  # fmt: skip
+    fork_point: Checkpoint | None = parent if fork_at == 1 else None
+    for i in range(1, steps):
+        parent = store.append_checkpoint(
+            thread=thread, parent=parent, step=i, label=labels[i % len(labels)],
+            model={"name": "bench-model", "version": "1"},
+            patch=[{"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": f"{i} {filler}"}},
+                   {"op": "replace", "path": "/step", "value": i}],
+        )  # fmt: skip
+        if parent.seq == fork_at:
+            fork_point = parent
+        if steps >= 2000 and i % 2000 == 0:
+            print(f"  {external_id}: {i:,} of {steps:,} checkpoints", flush=True)
+    if fork_point is not None and fork_steps:
+        store.start_branch(thread=thread, at=fork_point, name="retry")
+        forked = fork_point
+        for i in range(fork_steps):
+            forked = store.append_checkpoint(thread=thread, parent=forked, branch="retry", label="retry",
+                                             patch=[{"op": "replace", "path": "/step", "value": -i}])  # fmt: skip
+    print(f"  built {external_id}: {steps:,} checkpoints in {time.perf_counter() - started:.1f} s", flush=True)
+    thread.refresh_from_db()
+    return thread
+
+
+def median_get_ms(client: Any, urls: list[str], repeats: int, *, before_each: Any = None) -> list[float]:
+    """Median server time of GET for each of `urls` over `repeats` rounds, after a warm-up.
+
+    The URLs take turns within each round, so a burst of load on the machine slows all of
+    them alike and their ratio stays fair.
+    """
+    samples: dict[str, list[float]] = {url: [] for url in urls}
+    for round_ in range(WARM_UP + repeats):
+        for url in urls:
+            if before_each:
+                before_each()
+            started = time.perf_counter()
+            response = client.get(url)
+            elapsed = (time.perf_counter() - started) * 1000
+            if response.status_code != 200:
+                raise RuntimeError(f"GET {url} answered {response.status_code}")
+            if round_ >= WARM_UP:
+                samples[url].append(elapsed)
+    return [statistics.median(samples[url]) for url in urls]
+
+
+def viewer_client() -> Any:
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from quicksave.roles import grant_role
+
+    user, _ = User.objects.get_or_create(username="bench-viewer")
+    grant_role(user=user, role="viewer")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def run(*, repeats: int, long: int) -> dict[str, Any]:
+    setup_django()
+    from checkpoints import store
+    from checkpoints.models import Checkpoint
+
+    print("Building threads in the bench database (reused when an earlier run left them complete)…", flush=True)
+    short_thread = build_thread("thread-10", 10, message_bytes=60, fork_at=5, fork_steps=3)
+    long_thread = build_thread(f"thread-{long}", long, message_bytes=60, fork_at=long // 2, fork_steps=3)
+    diff_thread = build_thread("diff-500kb", DIFF_STEPS, message_bytes=DIFF_MESSAGE_BYTES, fork_at=None, fork_steps=0)
+    client = viewer_client()
+
+    # The deep page checks that an older page of the long branch costs what the newest costs (keyset, no OFFSET).
+    long_url = f"/threads/{long_thread.pk}/"
+    urls = [f"/threads/{short_thread.pk}/", long_url, f"{long_url}?before_seq={long // 3}"]
+    short_ms, long_ms, deep_ms = median_get_ms(client, urls, repeats)
+
+    main = diff_thread.active_branch_id
+    base, target = (
+        Checkpoint.objects.filter(thread=diff_thread, branch_id=main, seq__in=[DIFF_STEPS // 2, DIFF_STEPS])
+        .order_by("seq")
+        .values_list("id", flat=True)
+    )
+    state_kb = Checkpoint.objects.filter(pk=target).values_list("state_bytes", flat=True).get() / 1024
+    diff_url = f"/checkpoints/{target}/diff/?base={base}"
+    diff_cold: float | None = None
+    diff_warm: float | None = None
+    try:
+        # Cold: a process that has not read these states yet materialises both from storage.
+        (diff_cold,) = median_get_ms(client, [diff_url], repeats, before_each=store.clear_caches)
+        (diff_warm,) = median_get_ms(client, [diff_url], repeats)
+    except NotImplementedError:
+        print("The diff page is not available yet (its view raises NotImplementedError).")
+
+    ratio = long_ms / short_ms
+    rows = [
+        ("thread page", "10 checkpoints", short_ms, ""),
+        ("thread page", f"{long:,} checkpoints", long_ms, f"≤ {THREAD_PAGE_TARGET_MS:g} ms"),
+        ("thread page, older page", f"{long:,}, before_seq={long // 3:,}", deep_ms, ""),
+        ("ratio", f"{long:,} / 10", None, f"{ratio:.2f} (≤ {THREAD_PAGE_RATIO_TARGET:g})"),
+        ("diff page, cold cache", f"#{DIFF_STEPS // 2} → #{DIFF_STEPS}, {state_kb:,.0f} KB", diff_cold,
+         f"≤ {DIFF_PAGE_TARGET_MS:g} ms"),
+        ("diff page, warm cache", "same pair", diff_warm, ""),
+    ]  # fmt: skip
+    print()
+    print(f"{'page':<26} {'data':<32} {'median ms':>10}  target / ratio")
+    print("-" * 86)
+    for page, data, ms, note in rows:
+        figure = "n/a" if ms is None and page != "ratio" else ("" if ms is None else f"{ms:.1f}")
+        print(f"{page:<26} {data:<32} {figure:>10}  {note}")
+    print(f"(median of {repeats} GETs after {WARM_UP} warm-up GETs, Django test Client, signed-in viewer)")
+    return {
+        f"thread_page_ms_{long // 1000}k" if long % 1000 == 0 else f"thread_page_ms_{long}": round(long_ms, 2),
+        "thread_page_ms_10": round(short_ms, 2),
+        "thread_page_ms_deep": round(deep_ms, 2),
+        f"thread_page_ratio_{long // 1000}k_over_10" if long % 1000 == 0 else f"thread_page_ratio_{long}_over_10":
+            round(ratio, 3),
+        "diff_page_ms": round(diff_cold, 2) if diff_cold is not None else None,
+        "diff_page_ms_warm": round(diff_warm, 2) if diff_warm is not None else None,
+        "diff_state_kb": round(state_kb, 1),
+    }  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=30, help="timed GETs per page (default 30)")
+    parser.add_argument("--long", type=int, default=10_000, help="checkpoints in the long thread (default 10000)")
+    args = parser.parse_args(argv)
+    print(json.dumps(run(repeats=args.repeats, long=args.long)))
+
+
+if __name__ == "__main__":
+    main()

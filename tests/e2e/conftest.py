@@ -68,6 +68,16 @@ class Pages:
     def goto(self, path: str) -> Any:
         return self.page.goto(self.base_url + path)
 
+    def follow(self, selector: str) -> None:
+        """Click a link or submit button and wait for the page it leads to."""
+        with self.page.expect_navigation():
+            self.page.click(selector)
+
+    def press(self, key: str) -> None:
+        """Press a key that navigates (j/k) and wait for the page it leads to."""
+        with self.page.expect_navigation():
+            self.page.keyboard.press(key)
+
     def login(self, username: str, password: str = PASSWORD) -> None:
         self.goto("/login/")
         self.page.fill("#id_username", username)

@@ -3,6 +3,8 @@ then watching a new checkpoint arrive on the open page — in Chromium."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 
@@ -21,7 +23,9 @@ def seed_conversation(steps: int = 60) -> Thread:
                                      label="start")  # fmt: skip
     for step in range(1, steps + 1):
         note = f"Step {step}: compared ryokan prices near Gion and Arashiyama for the second week of April."
-        ops = [{"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": note}}]
+        ops: list[dict[str, Any]] = [
+            {"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": note}}
+        ]
         if step == 30:
             ops.append({"op": "replace", "path": "/city", "value": "Osaka"})
         parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=step, label=f"plan {step}",
@@ -30,8 +34,8 @@ def seed_conversation(steps: int = 60) -> Thread:
         return thread
     fork_point = Checkpoint.objects.get(thread=thread, seq=20)
     store.start_branch(thread=thread, at=fork_point, name="cheaper-hotels")
-    ops = [{"op": "add", "path": "/budget", "value": 900}]
-    store.append_checkpoint(thread=thread, parent=fork_point, branch="cheaper-hotels", patch=ops, step=20,
+    budget = [{"op": "add", "path": "/budget", "value": 900}]
+    store.append_checkpoint(thread=thread, parent=fork_point, branch="cheaper-hotels", patch=budget, step=20,
                             label="retry cheaper")  # fmt: skip
     return thread
 

@@ -97,3 +97,16 @@ def thread(agent: Agent) -> Thread:
 
 def message(i: int) -> dict[str, str]:
     return {"role": "assistant", "content": f"message {i} " + "lorem ipsum " * 20}
+
+
+@pytest.fixture(scope="session")
+def server_url(django_db_setup: Any) -> Iterator[str]:
+    """One uvicorn process for the whole run; tests commit their data (transaction=True) so it sees it."""
+    from tests.processes import free_port, start_server, stop
+
+    port = free_port()
+    process = start_server(port, {})
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(process)

@@ -93,19 +93,6 @@ class Pages:
         return path
 
 
-@pytest.fixture(scope="session")
-def server_url(django_db_setup: Any) -> Iterator[str]:
-    """One uvicorn process for the whole run; tests commit their data (transaction=True) so it sees it."""
-    from tests.processes import free_port, start_server, stop
-
-    port = free_port()
-    process = start_server(port, {})
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        stop(process)
-
-
 @pytest.fixture(params=["light", "dark"])
 def tab(request: Any, browser: Any, server_url: str) -> Iterator[Pages]:
     context = browser.new_context(viewport={"width": 1280, "height": 900}, color_scheme=request.param)

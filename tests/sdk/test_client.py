@@ -1,4 +1,4 @@
-"""The Python SDK against a live Quicksave server (pytest-django's live_server: real HTTP over sockets)."""
+"""The Python SDK against a live Quicksave server process (uvicorn on the test database, real HTTP)."""
 
 from __future__ import annotations
 
@@ -60,8 +60,8 @@ def transport() -> RecordingTransport:
 
 
 @pytest.fixture
-def client(live_server: Any, api_key: str, transport: RecordingTransport) -> Iterator[Client]:
-    with Client(live_server.url, api_key, timeout=15, transport=transport) as sdk:
+def client(server_url: str, api_key: str, transport: RecordingTransport) -> Iterator[Client]:
+    with Client(server_url, api_key, timeout=15, transport=transport) as sdk:
         yield sdk
 
 
@@ -238,9 +238,9 @@ def test_claiming_from_an_empty_queue_returns_none_at_once(client: Client) -> No
 
 
 @live
-def test_server_errors_become_typed_exceptions(live_server: Any, client: Client) -> None:
+def test_server_errors_become_typed_exceptions(server_url: str, client: Client) -> None:
     with (
-        Client(live_server.url, "qs_abcdef012345_not-the-secret") as stranger,
+        Client(server_url, "qs_abcdef012345_not-the-secret") as stranger,
         pytest.raises(AuthenticationFailed) as bad,
     ):
         stranger.thread()

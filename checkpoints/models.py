@@ -102,13 +102,8 @@ class Branch(models.Model):
         return self.name
 
 
-class CheckpointStatus(models.TextChoices):
-    RUNNING = "running", "Running"
-    WAITING_FOR_APPROVAL = "waiting_for_approval", "Waiting for approval"
-    PAUSED = "paused", "Paused"
-    COMPLETED = "completed", "Completed"
-    FAILED = "failed", "Failed"
-    CANCELLED = "cancelled", "Cancelled"
+# A checkpoint records the status its thread had at that step, so they share one vocabulary.
+CheckpointStatus = ThreadStatus
 
 
 class PayloadKind(models.IntegerChoices):

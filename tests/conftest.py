@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.test import Client
 from rest_framework.test import APIClient
 
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.models import Agent
 from checkpoints import store
 from checkpoints.models import Thread
+from quicksave.roles import grant_role
 
 
 @pytest.fixture(autouse=True)
@@ -93,6 +95,21 @@ def stranger_client(db: Any) -> APIClient:
 @pytest.fixture
 def thread(agent: Agent) -> Thread:
     return store.create_thread(agent=agent, external_id="trip-1")[0]
+
+
+def person(name: str, role: str | None) -> User:
+    """A named person with one role (or none): `person("vera", "viewer")`."""
+    user = User.objects.create_user(name, password=f"{name}-password-1")
+    if role:
+        grant_role(user=user, role=role)
+    return User.objects.get(pk=user.pk)  # permissions are cached per instance
+
+
+def signed_in(user: User) -> Client:
+    """A browser-like test client with `user` signed in."""
+    client = Client()
+    client.force_login(user)
+    return client
 
 
 def message(i: int) -> dict[str, str]:

@@ -18,14 +18,7 @@ from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import store
 from checkpoints.models import Event, Thread, ThreadStatus
-from quicksave.roles import grant_role
-
-
-def person(username: str, role: str | None) -> User:
-    user = User.objects.create_user(username, password="pw-12345678")
-    if role:
-        grant_role(user=user, role=role)
-    return user
+from tests.conftest import person
 
 
 def api_as(user: User) -> APIClient:

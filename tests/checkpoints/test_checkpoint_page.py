@@ -14,7 +14,7 @@ from django.test import Client
 from checkpoints import store
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.tools import put_tool_result
-from quicksave.roles import grant_role
+from tests.conftest import person, signed_in
 
 # Measured at 10 with nothing cached: session, user, two permission reads, the checkpoint, the
 # thread, the replay's target row, previous/next, tool results, role for the header (the replay's
@@ -23,19 +23,6 @@ from quicksave.roles import grant_role
 CHECKPOINT_PAGE_QUERIES = 11
 
 PLAN = "Fly from Berlin to Lisbon on Monday morning, check in near Alfama and take the train to Porto on Wednesday."
-
-
-def person(name: str, role: str | None) -> User:
-    user = User.objects.create_user(name, password=f"{name}-password-1")
-    if role:
-        grant_role(user=user, role=role)
-    return user
-
-
-def signed_in(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from django.test import Client
 from agents.models import Agent
 from checkpoints import store
 from checkpoints.models import Checkpoint, Thread
-from quicksave.roles import grant_role
+from tests.conftest import person, signed_in
 
 # Measured at 11 with nothing cached: session, user, two permission reads, the target, the base,
 # the thread, the picker's options, a replay's target row for each of the two states, role for the
@@ -26,19 +26,6 @@ PLAN = (
     "Fly from Berlin to Lisbon on Monday morning with the cheapest direct flight, check in at a hotel near "
     "Alfama, then take the train to Porto on Wednesday and fly home on Friday evening."
 )
-
-
-def person(name: str, role: str | None) -> User:
-    user = User.objects.create_user(name, password=f"{name}-password-1")
-    if role:
-        grant_role(user=user, role=role)
-    return user
-
-
-def signed_in(user: User) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 @pytest.fixture

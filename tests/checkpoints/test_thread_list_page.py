@@ -5,26 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.contrib.auth.models import User
 from django.test import Client
 
 from agents.keys import get_or_create_agent
 from checkpoints import store
-from quicksave.roles import grant_role
-
-
-def person(username: str, role: str | None) -> Client:
-    user = User.objects.create_user(username, password="pw-12345678")
-    if role:
-        grant_role(user=user, role=role)
-    client = Client()
-    client.force_login(user)
-    return client
+from tests.conftest import person, signed_in
 
 
 @pytest.fixture
 def viewer_page(db: Any) -> Client:
-    return person("vera", "viewer")
+    return signed_in(person("vera", "viewer"))
 
 
 def seed(count: int, *, agent: str = "travel", **metadata: Any) -> list[Any]:
@@ -44,7 +34,7 @@ def test_anonymous_people_are_sent_to_sign_in(client: Client, db: Any) -> None:
 
 
 def test_a_person_without_a_role_gets_403(db: Any) -> None:
-    response = person("sam", None).get("/")
+    response = signed_in(person("sam", None)).get("/")
     assert response.status_code == 403
     assert b"grantrole" in response.content
 
@@ -52,7 +42,7 @@ def test_a_person_without_a_role_gets_403(db: Any) -> None:
 @pytest.mark.parametrize("role", ["viewer", "reviewer", "admin"])
 def test_every_role_sees_the_list(db: Any, role: str) -> None:
     seed(2)
-    response = person(f"user-{role}", role).get("/")
+    response = signed_in(person(f"user-{role}", role)).get("/")
     assert response.status_code == 200
     assert response.content.count(b'href="/threads/') == 2
 

@@ -16,7 +16,7 @@ from django.test.utils import CaptureQueriesContext
 from agents.models import Agent
 from checkpoints import store, timeline
 from checkpoints.models import Checkpoint, Thread
-from quicksave.roles import grant_role
+from tests.conftest import person
 
 # Measured at 11 (session, user, two permission reads, thread, role for the header, branches,
 # heads, timeline page, tree landmarks, chart samples); one spare for a harmless extra read.
@@ -39,13 +39,6 @@ def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch
         )  # fmt: skip
         written.append(parent)
     return written
-
-
-def person(name: str, role: str | None) -> User:
-    user = User.objects.create_user(name, password=f"{name}-password-1")
-    if role:
-        grant_role(user=user, role=role)
-    return user
 
 
 @pytest.fixture

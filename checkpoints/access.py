@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied as Forbidden
 from django.db.models import QuerySet
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
@@ -73,3 +75,21 @@ def check_can_write(principal: Any, thread: Thread) -> None:
         return
     if not principal.has_perm("checkpoints.add_checkpoint"):
         raise PermissionDenied("Writing checkpoints needs an agent key or the admin role.")
+
+
+def check_can_fork(principal: Any) -> User:
+    """The person who may rewind, edit and branch threads (the admin role); 403 for anyone else.
+
+    Raises Django's PermissionDenied, which both the API (its error format) and the
+    dashboard (the 403 page) turn into a 403. Agent keys never fork: a fork is a human decision.
+    """
+    if not isinstance(principal, User) or not principal.has_perm("checkpoints.fork_thread"):
+        raise Forbidden("Rewinding and branching a thread needs the admin role.")
+    return principal
+
+
+def check_can_cancel(principal: Any) -> User:
+    """The person who may cancel or resume threads (the admin role); 403 for anyone else."""
+    if not isinstance(principal, User) or not principal.has_perm("checkpoints.cancel_thread"):
+        raise Forbidden("Cancelling or resuming a thread needs the admin role.")
+    return principal

@@ -16,9 +16,18 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from agents.auth import AgentPrincipal
-from agents.models import Agent
-from checkpoints import selectors, store
-from checkpoints.access import check_can_write, get_checkpoint_for, get_thread_for, thread_for_write, visible_threads
+from agents.models import Agent, Run
+from approvals.audit import client_address
+from checkpoints import forks, selectors, store
+from checkpoints.access import (
+    check_can_cancel,
+    check_can_fork,
+    check_can_write,
+    get_checkpoint_for,
+    get_thread_for,
+    thread_for_write,
+    visible_threads,
+)
 from checkpoints.models import Branch, Checkpoint, Thread
 from checkpoints.serializers import (
     CheckpointCreateSerializer,
@@ -26,6 +35,10 @@ from checkpoints.serializers import (
     CheckpointListQuerySerializer,
     CheckpointSummarySerializer,
     DiffQuerySerializer,
+    ForkResultSerializer,
+    ForkSerializer,
+    ThreadActionResultSerializer,
+    ThreadActionSerializer,
     ThreadCreateSerializer,
     ThreadDetailSerializer,
     ThreadListQuerySerializer,
@@ -219,3 +232,53 @@ class ToolResultView(APIView):
             thread=thread, key=key, result=data["result"], tool=data.get("tool", ""), checkpoint=checkpoint
         )
         return Response(ToolResultSerializer(stored).data, status=status.HTTP_201_CREATED if created else 200)
+
+
+def _body(serializer_class: type, request: Request) -> dict[str, Any]:
+    serializer = serializer_class(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    return dict(serializer.validated_data)
+
+
+class ForkView(APIView):
+    """Rewind to a checkpoint and branch from it, the state edited by `patch` (admins only)."""
+
+    @extend_schema(request=ForkSerializer, responses={201: ForkResultSerializer})
+    def post(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
+        source = get_checkpoint_for(request.user, checkpoint_id)
+        user = check_can_fork(request.user)
+        data = _body(ForkSerializer, request)
+        created = forks.fork(
+            checkpoint=source, user=user, reason=data["reason"], patch=data.get("patch"), branch=data.get("branch"),
+            resume=data["resume"], carry_approval=data.get("carry_approval"), address=client_address(request),
+        )  # fmt: skip
+        body = checkpoint_summary(created, store.get_branch_name(created.branch_id))
+        # Filtered by thread too: runs are indexed by thread, not by checkpoint.
+        runs = Run.objects.filter(thread_id=created.thread_id, checkpoint_id=created.pk)
+        run_id = runs.values_list("pk", flat=True).first()
+        body["run"] = str(run_id) if run_id else None
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ThreadCancelView(APIView):
+    """Cancel a thread with its pending approvals and queued runs (admins only)."""
+
+    @extend_schema(request=ThreadActionSerializer, responses={200: ThreadDetailSerializer})
+    def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        user = check_can_cancel(request.user)
+        data = _body(ThreadActionSerializer, request)
+        forks.cancel(thread=thread, user=user, reason=data["reason"], address=client_address(request))
+        return Response(_thread_detail(thread.pk))
+
+
+class ThreadResumeView(APIView):
+    """Resume a failed (or paused) thread from its head (admins only)."""
+
+    @extend_schema(request=ThreadActionSerializer, responses={200: ThreadActionResultSerializer})
+    def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        user = check_can_cancel(request.user)
+        data = _body(ThreadActionSerializer, request)
+        run = forks.resume_failed(thread=thread, user=user, reason=data["reason"], address=client_address(request))
+        return Response({**_thread_detail(thread.pk), "run": str(run.pk)})

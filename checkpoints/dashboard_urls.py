@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from checkpoints.views import checkpoint, diff, threads
+from checkpoints.views import actions, checkpoint, diff, threads
 
 app_name = "dashboard"
 
@@ -11,4 +11,8 @@ urlpatterns = [
     path("threads/<uuid:thread_id>/", threads.thread_detail, name="thread"),
     path("checkpoints/<uuid:checkpoint_id>/", checkpoint.checkpoint_detail, name="checkpoint"),
     path("checkpoints/<uuid:checkpoint_id>/diff/", diff.diff_page, name="diff"),
+    path("checkpoints/<uuid:checkpoint_id>/fork/", actions.fork_checkpoint, name="fork"),
+    path("checkpoints/<uuid:checkpoint_id>/rerun/", actions.rerun_checkpoint, name="rerun"),
+    path("threads/<uuid:thread_id>/cancel/", actions.cancel_thread, name="cancel"),
+    path("threads/<uuid:thread_id>/resume/", actions.resume_thread, name="resume"),
 ]

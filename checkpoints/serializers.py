@@ -245,3 +245,56 @@ class ToolResultPutSerializer(serializers.Serializer[Any]):
     result = serializers.JSONField()
     tool = serializers.CharField(required=False, allow_blank=True, max_length=200)
     checkpoint = serializers.UUIDField(required=False, allow_null=True)
+
+
+class _StrictSerializer(serializers.Serializer[Any]):
+    """Refuses fields it does not know, so a misspelt option (`resume_agent`) is a 400, not ignored."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(self.initial_data, dict):
+            unknown = sorted(set(self.initial_data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: f"is not a field here; the fields are {', '.join(self.fields)}."}
+                )
+        return attrs
+
+
+class ForkSerializer(_StrictSerializer):
+    """The body of POST /checkpoints/{id}/fork/ (the domain checks the patch and the names)."""
+
+    reason = serializers.CharField(max_length=2000, help_text="Why: recorded in the audit trail and the label.")
+    patch = serializers.JSONField(
+        required=False, allow_null=True, help_text="RFC 6902 ops against the checkpoint's state (edit it first)."
+    )
+    resume = serializers.BooleanField(required=False, default=False, help_text="Continue the agent from the fork.")
+    branch = serializers.CharField(
+        required=False, allow_blank=True, allow_null=True, max_length=100,
+        help_text="The new branch's name (default: fork-N, unique in the thread).",
+    )  # fmt: skip
+    carry_approval = serializers.UUIDField(
+        required=False, allow_null=True,
+        help_text="A decided approval of this thread whose decision the resumed agent gets instead of asking again.",
+    )  # fmt: skip
+
+
+class ForkResultSerializer(CheckpointSummarySerializer):
+    """A fork's answer: the new checkpoint's summary plus the queued run, if the agent resumes."""
+
+    run = serializers.UUIDField(allow_null=True)
+
+
+class ThreadActionSerializer(_StrictSerializer):
+    """The body of POST /threads/{id}/cancel/ and /resume/."""
+
+    reason = serializers.CharField(max_length=2000, help_text="Why: recorded in the audit trail.")
+
+
+class ThreadActionResultSerializer(ThreadDetailSerializer):
+    run = serializers.SerializerMethodField()
+
+    def get_run(self, thread: Thread) -> str | None:
+        raise NotImplementedError  # schema only: the view adds the queued run's id
+
+    class Meta(ThreadDetailSerializer.Meta):
+        fields = [*ThreadDetailSerializer.Meta.fields, "run"]

@@ -120,6 +120,12 @@ def _forget_thread(thread_id: UUID) -> None:
         _branch_names.pop(branch_id, None)
 
 
+def forget_branches(thread_id: UUID) -> None:
+    """Forget a thread's cached branch ids. A caller whose transaction created a branch and then
+    rolled back calls it, so the next write does not find the rolled-back branch's id here."""
+    _forget_thread(thread_id)
+
+
 def clear_caches() -> None:
     """Forget every cached state (tests use it to force a replay from the database)."""
     _cache.clear()

@@ -9,4 +9,7 @@ urlpatterns = [
     path("threads/<uuid:thread_id>/tool-results/<str:key>/", api.ToolResultView.as_view(), name="api-tool-result"),
     path("checkpoints/<uuid:checkpoint_id>/", api.CheckpointDetailView.as_view(), name="api-checkpoint"),
     path("checkpoints/<uuid:checkpoint_id>/diff/", api.CheckpointDiffView.as_view(), name="api-checkpoint-diff"),
+    path("checkpoints/<uuid:checkpoint_id>/fork/", api.ForkView.as_view(), name="api-checkpoint-fork"),
+    path("threads/<uuid:thread_id>/cancel/", api.ThreadCancelView.as_view(), name="api-thread-cancel"),
+    path("threads/<uuid:thread_id>/resume/", api.ThreadResumeView.as_view(), name="api-thread-resume"),
 ]

@@ -13,7 +13,7 @@ from checkpoints import diffview, store
 from checkpoints.access import get_checkpoint_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Checkpoint, PayloadKind, Thread, ToolResult
-from checkpoints.views import viewer_required
+from checkpoints.views import actions, viewer_required
 
 # Newest tool results listed; the page says how many there are in all.
 TOOL_RESULTS_SHOWN = 50
@@ -56,6 +56,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
             (result, diffview.short(result.result, limit=90), diffview.pretty(result.result)) for result in tool_results
         ],
         "tool_total": tool_total,
+        **actions.fork_card(request, checkpoint, state),
     }
     return render(request, "checkpoints/checkpoint_detail.html", context)
 

@@ -1,0 +1,272 @@
+"""The admin actions of the dashboard: rewind & branch (fork), re-run, cancel and resume.
+
+Every action takes two steps: a form, then a page that says what will happen and asks to
+confirm. Only the confirmation writes, through `checkpoints.forks`. Errors come back inline
+on the form, with the status the API would answer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+from django.http import HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect, render
+from django.urls import reverse
+
+from approvals.audit import client_address
+from approvals.models import ApprovalRequest
+from checkpoints import diffview, forks, store
+from checkpoints.access import check_can_cancel, check_can_fork, get_checkpoint_for, get_thread_for
+from checkpoints.errors import IntegrityFailure
+from checkpoints.jsonpatch import PatchError, apply_patch, make_patch
+from checkpoints.models import Checkpoint, Thread
+from checkpoints.views import checkpoint as checkpoint_page
+from checkpoints.views import viewer_required
+from quicksave.errors import DomainError
+
+# A state whose JSON is longer than this is not put in a textarea (a browser crawls editing
+# megabytes); the fork can still be made unedited, or with a `patch` through the API.
+EDITOR_CHARS = 500_000
+# Where a domain error's field is shown on the fork form; the state editor stands for the patch.
+_FORM_FIELDS = {"reason": "reason", "branch": "branch", "patch": "state", "carry_approval": "carry_approval"}
+
+
+@dataclass
+class ForkForm:
+    """What the fork form shows: the values typed so far and the errors, by field."""
+
+    reason: str = ""
+    branch: str = ""
+    resume: bool = False
+    carry_approval: str = ""
+    state_text: str | None = None  # None: the state is too large for the editor
+    state_open: bool = False
+    errors: dict[str, list[str]] = field(default_factory=dict)
+
+    @classmethod
+    def posted(cls, data: QueryDict) -> ForkForm:
+        return cls(
+            reason=data.get("reason", ""), branch=data.get("branch", ""), resume=data.get("resume") == "on",
+            carry_approval=data.get("carry_approval", ""),
+        )  # fmt: skip
+
+
+def fork_card(request: HttpRequest, checkpoint: Checkpoint, state: dict[str, Any] | None) -> dict[str, Any]:
+    """The checkpoint page's "Rewind & branch" card, for the people who may fork (nobody else sees it)."""
+    if state is None or not request.user.has_perm("checkpoints.fork_thread"):
+        return {"can_fork": False}
+    form = ForkForm(state_text=_editor_text(state, stored_bytes=checkpoint.state_bytes))
+    return {"can_fork": True, **_form_context(checkpoint, form)}
+
+
+@viewer_required
+def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
+    """GET: the fork form on a page of its own. POST: review (the confirmation page), edit
+    (back to the form from the confirmation) or confirm (fork, then open the new checkpoint)."""
+    checkpoint = get_checkpoint_for(request.user, checkpoint_id)
+    user = check_can_fork(request.user)
+    try:
+        source_state = store.load_node(checkpoint.pk).state
+    except IntegrityFailure as exc:
+        return _fork_form(request, checkpoint, ForkForm(), status=409, failure=exc.message)
+    if request.method != "POST":
+        text = _editor_text(source_state, stored_bytes=checkpoint.state_bytes)
+        return _fork_form(request, checkpoint, ForkForm(state_text=text, state_open=True))
+
+    form = ForkForm.posted(request.POST)
+    step = request.POST.get("step", "review")
+    if step in ("confirm", "edit"):
+        ops = _posted_patch(request.POST)
+        if step == "edit" or ops is None:
+            form.state_text, form.state_open = _editor_text(_apply(source_state, ops or [])), True
+            if ops is None:
+                form.errors["state"] = ["The reviewed changes did not come through; edit and review them again."]
+            return _fork_form(request, checkpoint, form, status=400 if form.errors else 200)
+        try:
+            created = forks.fork(
+                checkpoint=checkpoint, user=user, reason=form.reason, patch=ops, branch=form.branch or None,
+                resume=form.resume, carry_approval=form.carry_approval or None, address=client_address(request),
+            )  # fmt: skip
+        except DomainError as exc:
+            form.state_text, form.state_open = _editor_text(_apply(source_state, ops)), True
+            return _fork_form(request, checkpoint, _with_error(form, exc), status=exc.status)
+        return redirect("dashboard:checkpoint", checkpoint_id=created.pk)
+
+    # Review: turn the edited state into a patch, check everything, show what will happen.
+    ops = []
+    if "state" in request.POST:
+        form.state_text, form.state_open = request.POST["state"], True
+        try:
+            edited = json.loads(form.state_text)
+        except ValueError as exc:
+            form.errors["state"] = [f"This is not valid JSON: {exc}"]
+            return _fork_form(request, checkpoint, form, status=400)
+        if not isinstance(edited, dict):
+            form.errors["state"] = ["The state must be a JSON object ({…})."]
+            return _fork_form(request, checkpoint, form, status=400)
+        ops = make_patch(source_state, edited)
+        form.state_open = bool(ops)
+    try:
+        plan = forks.plan_fork(
+            checkpoint=checkpoint, reason=form.reason, patch=ops, branch=form.branch or None, resume=form.resume,
+            carry_approval=form.carry_approval or None,
+        )  # fmt: skip
+    except DomainError as exc:
+        return _fork_form(request, checkpoint, _with_error(form, exc), status=exc.status)
+    thread = Thread.objects.select_related("agent", "active_branch").get(pk=checkpoint.thread_id)
+    context = {
+        "nav": "threads",
+        "thread": thread,
+        "thread_label": checkpoint_page.thread_label(thread),
+        "checkpoint": checkpoint,
+        "form": form,
+        "plan": plan,
+        "patch_json": json.dumps(plan.ops, ensure_ascii=False),
+        "patch_pretty": diffview.pretty(plan.ops, limit=100_000),
+        "diff": diffview.build_diff(source_state, plan.state, make_patch(source_state, plan.state)),
+    }
+    return render(request, "checkpoints/fork_confirm.html", context)
+
+
+@viewer_required
+def rerun_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
+    """Re-run the agent from a checkpoint, unedited, on a new branch: confirm, then open it."""
+    checkpoint = get_checkpoint_for(request.user, checkpoint_id)
+    user = check_can_fork(request.user)
+    thread = Thread.objects.select_related("agent", "active_branch").get(pk=checkpoint.thread_id)
+    if request.method == "POST":
+        try:
+            created = forks.rerun(checkpoint=checkpoint, user=user, reason=request.POST.get("reason", ""),
+                                  address=client_address(request))  # fmt: skip
+        except DomainError as exc:
+            return _confirm(request, "rerun", thread, checkpoint=checkpoint, error=exc)
+        return redirect("dashboard:checkpoint", checkpoint_id=created.pk)
+    return _confirm(request, "rerun", thread, checkpoint=checkpoint)
+
+
+@viewer_required
+def cancel_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    thread = get_thread_for(request.user, thread_id)
+    user = check_can_cancel(request.user)
+    if request.method == "POST":
+        try:
+            forks.cancel(thread=thread, user=user, reason=request.POST.get("reason", ""),
+                         address=client_address(request))  # fmt: skip
+        except DomainError as exc:
+            return _confirm(request, "cancel", thread, error=exc)
+        return redirect("dashboard:thread", thread_id=thread.pk)
+    return _confirm(request, "cancel", thread)
+
+
+@viewer_required
+def resume_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    thread = get_thread_for(request.user, thread_id)
+    user = check_can_cancel(request.user)
+    if request.method == "POST":
+        try:
+            forks.resume_failed(thread=thread, user=user, reason=request.POST.get("reason", ""),
+                                address=client_address(request))  # fmt: skip
+        except DomainError as exc:
+            return _confirm(request, "resume", thread, error=exc)
+        return redirect("dashboard:thread", thread_id=thread.pk)
+    return _confirm(request, "resume", thread)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _fork_form(
+    request: HttpRequest, checkpoint: Checkpoint, form: ForkForm, *, status: int = 200, failure: str = ""
+) -> HttpResponse:
+    thread = Thread.objects.select_related("agent").get(pk=checkpoint.thread_id)
+    context = {
+        "nav": "threads",
+        "failure": failure,
+        "thread": thread,
+        "thread_label": checkpoint_page.thread_label(thread),
+        "checkpoint": checkpoint,
+        **_form_context(checkpoint, form),
+    }
+    return render(request, "checkpoints/fork.html", context, status=status)
+
+
+def _form_context(checkpoint: Checkpoint, form: ForkForm) -> dict[str, Any]:
+    approvals: list[ApprovalRequest] = list(forks.carryable_approvals(checkpoint.thread_id)[:50])
+    return {
+        "fork_form": form,
+        "carryable": approvals,
+        "editor_limit": f"{EDITOR_CHARS:,}",
+        # What the branch will be called if the name is left empty (checked again when it is made).
+        "branch_placeholder": forks.plan_branch_name(checkpoint.thread_id),
+    }
+
+
+def _confirm(
+    request: HttpRequest,
+    action: str,
+    thread: Thread,
+    *,
+    checkpoint: Checkpoint | None = None,
+    error: DomainError | None = None,
+) -> HttpResponse:
+    """The confirmation page of a thread action (cancel, resume) or of a re-run."""
+    head = None
+    if thread.head_id:
+        head = Checkpoint.objects.defer("payload").select_related("branch").filter(pk=thread.head_id).first()
+    refusal = {"cancel": forks.cancel_refusal, "resume": forks.resume_refusal}.get(action, lambda _: None)(thread)
+    context = {
+        "nav": "threads",
+        "action": action,
+        "thread": thread,
+        "thread_label": checkpoint_page.thread_label(thread),
+        "checkpoint": checkpoint,
+        "head": head,
+        "refusal": refusal,
+        "error": error.message if error else "",
+        "error_field": error.detail.get("field", "") if error else "",
+        "reason": request.POST.get("reason", "") if request.method == "POST" else "",
+        "pending_approvals": thread.approvals.filter(status="pending").count(),
+        "queued_runs": thread.runs.filter(status="queued").count(),
+        "branch_placeholder": forks.plan_branch_name(thread.pk) if action == "rerun" else "",
+        "back": reverse("dashboard:checkpoint", args=[checkpoint.pk])
+        if checkpoint
+        else reverse("dashboard:thread", args=[thread.pk]),
+    }
+    return render(request, "checkpoints/thread_action_confirm.html", context, status=error.status if error else 200)
+
+
+def _with_error(form: ForkForm, exc: DomainError) -> ForkForm:
+    where = _FORM_FIELDS.get(str(exc.detail.get("field", "")), "form")
+    message = exc.message
+    if where == "state" and exc.detail.get("path") is not None:
+        message = f"{message} (op {exc.detail.get('op')}, at {exc.detail['path'] or 'the whole state'})"
+    form.errors.setdefault(where, []).append(message)
+    return form
+
+
+def _editor_text(state: dict[str, Any], *, stored_bytes: int = 0) -> str | None:
+    # The stored (compact) size is a lower bound of the indented text: skip encoding what cannot fit.
+    if stored_bytes > EDITOR_CHARS:
+        return None
+    text = json.dumps(state, indent=2, ensure_ascii=False)
+    return text if len(text) <= EDITOR_CHARS else None
+
+
+def _posted_patch(data: QueryDict) -> list[dict[str, Any]] | None:
+    """The patch the confirmation page carries (computed on review), or None if it is unreadable."""
+    try:
+        ops = json.loads(data.get("patch", ""))
+    except ValueError:
+        return None
+    return ops if isinstance(ops, list) else None
+
+
+def _apply(state: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+    try:
+        applied = apply_patch(state, ops)
+    except (PatchError, RecursionError, TypeError, ValueError):
+        return state
+    return applied.doc if isinstance(applied.doc, dict) else state

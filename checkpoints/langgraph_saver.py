@@ -1,0 +1,543 @@
+"""LangGraph's checkpointer interface on top of the Quicksave store: point a compiled graph at
+`QuicksaveSaver()` and its threads show up on the dashboard, stored as deltas.
+
+Mapping:
+
+- One Quicksave thread per (LangGraph `thread_id`, `checkpoint_ns`) under one Quicksave agent
+  (`langgraph` by default). Its `external_id` is the thread id, plus `#<ns>` for a subgraph;
+  its metadata `{"langgraph": {"thread_id", "checkpoint_ns"}}` finds every namespace of a
+  LangGraph thread through the thread metadata index.
+- One LangGraph checkpoint is one Quicksave checkpoint, written by `store.append_checkpoint`.
+  Its state is the LangGraph checkpoint with JSON-safe channel values: a value that is plain
+  JSON is stored as is (so a growing `messages` list is a delta of the appended items), lists
+  and string-keyed dicts are walked, and anything else (LangChain messages, tuples, bytes…)
+  becomes a `{"__lg_typed__": [type, base64]}` envelope made by LangGraph's own serde.
+- The checkpoint's Quicksave metadata holds `lg_id` (LangGraph's checkpoint id), `lg_parent`
+  and `lg_metadata`, so `parent_config` survives pruning and the LangGraph tree is kept even
+  where the Quicksave tree differs from it.
+- A put whose parent is the head of its Quicksave branch extends that branch. A put after an
+  older checkpoint (time travel, `update_state` on a past step, two writers racing) opens a
+  new branch at that checkpoint, which is what a fork in the dashboard does too. A put with
+  no parent in a thread that already has checkpoints starts a new root branch.
+
+Pending writes are stored as rows of the tool-result cache (`ToolResult`), written through
+`tools.put_tool_result`. That is what they are: the outputs of tasks that finished in a
+superstep, kept so a resumed graph does not run those tasks again. Each row points at its
+Quicksave checkpoint and is keyed by a hash of (LangGraph checkpoint id, task id, write
+index), which makes `put_writes` idempotent as LangGraph requires. LangGraph's special writes
+(error, interrupt, resume…) may be replaced by a later write with the same key; the cache is
+append-only, so those rows' keys also hash the value and reads keep the newest row. A
+dedicated table would index them better; the models of `checkpoints` are not this module's
+to change, and a new app needs a settings change, so this is the honest fit for now.
+
+Deleting (`delete_thread`, `prune`, `delete_for_runs`) removes whole Quicksave threads:
+checkpoints are immutable links in an integrity chain, so removing some of them rebuilds the
+thread from the checkpoints that stay (a new Quicksave thread id, same external id).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import math
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import Any, ParamSpec, TypeVar, cast
+from uuid import UUID
+
+from channels.db import database_sync_to_async
+from django.db import connection, transaction
+from django.db.models import Q
+from django.db.models.fields.json import KT
+from django.db.models.functions import Collate
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from agents.keys import get_or_create_agent
+from agents.models import Agent
+from checkpoints import codec, store
+from checkpoints.errors import StaleParent
+from checkpoints.ids import new_id
+from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
+from checkpoints.tools import put_tool_result
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Inside the saver `list` is a method, so its annotations name these instead.
+PendingWrites = dict[str, list[tuple[str, str, Any]]]
+StoredRows = list[tuple[Checkpoint, dict[str, Any], list[ToolResult]]]
+Tuples = list[CheckpointTuple]
+
+TYPED = "__lg_typed__"
+# The tool name of the tool-result rows that hold pending writes.
+WRITE_TOOL = "langgraph:write"
+
+
+def _releasing_connection(method: Callable[P, R]) -> Callable[P, R]:
+    """Give the thread's database connection back when the call opened it.
+
+    LangGraph runs a sync graph's checkpoint writes on short-lived executor threads; each
+    would otherwise keep a connection (a pooled one: until the pool runs dry).
+    """
+
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        opened_here = connection.connection is None
+        try:
+            return method(*args, **kwargs)
+        finally:
+            if opened_here and not connection.in_atomic_block:
+                connection.close()
+
+    return wrapper
+
+
+def external_id_for(thread_id: str, checkpoint_ns: str) -> str:
+    """The Quicksave thread external id of a LangGraph thread and namespace."""
+    return f"{thread_id}#{checkpoint_ns}" if checkpoint_ns else thread_id
+
+
+class QuicksaveSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer that writes through the Quicksave checkpoint store."""
+
+    def __init__(self, *, agent: str = "langgraph", serde: SerializerProtocol | None = None) -> None:
+        super().__init__(serde=serde)
+        self.agent_name = agent
+        self._agent: Agent | None = None
+
+    # ------------------------------------------------------------------ encoding
+
+    def _encode(self, value: Any) -> Any:
+        """A JSON-safe form of `value`: plain JSON as is, everything else in a typed envelope."""
+        kind = type(value)
+        if value is None or kind in (str, bool, int):
+            if kind is str and "\x00" in value:  # PostgreSQL's jsonb refuses NUL
+                return self._envelope(value)
+            return value
+        if kind is float and math.isfinite(value):
+            return value
+        if kind is list:
+            return [self._encode(item) for item in value]
+        if kind is dict and TYPED not in value and all(type(key) is str and "\x00" not in key for key in value):
+            return {key: self._encode(item) for key, item in value.items()}
+        return self._envelope(value)
+
+    def _envelope(self, value: Any) -> dict[str, list[str]]:
+        type_, data = self.serde.dumps_typed(value)
+        return {TYPED: [type_, base64.b64encode(data).decode()]}
+
+    def _decode(self, value: Any) -> Any:
+        if isinstance(value, list):
+            return [self._decode(item) for item in value]
+        if isinstance(value, dict):
+            if TYPED in value and len(value) == 1:
+                type_, data = value[TYPED]
+                return self.serde.loads_typed((type_, base64.b64decode(data)))
+            return {key: self._decode(item) for key, item in value.items()}
+        return value
+
+    # ------------------------------------------------------------------ threads
+
+    def _get_agent(self) -> Agent:
+        if self._agent is None:
+            self._agent = get_or_create_agent(name=self.agent_name, description="LangGraph graphs")
+        return self._agent
+
+    def _thread(self, thread_id: str, checkpoint_ns: str, *, create: bool = False) -> Thread | None:
+        thread_id = str(thread_id)  # LangGraph accepts any thread id; a UUID is common
+        external_id = external_id_for(thread_id, checkpoint_ns)
+        if create:
+            return store.create_thread(
+                agent=self._get_agent(),
+                external_id=external_id,
+                metadata={"langgraph": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}},
+            )[0]
+        return Thread.objects.filter(agent=self._get_agent(), external_id=external_id).first()
+
+    def _threads(self, thread_id: str | None, checkpoint_ns: str | None) -> list[Thread]:
+        """The Quicksave threads a LangGraph (thread, namespace) selection covers."""
+        if thread_id is not None and checkpoint_ns is not None:
+            thread = self._thread(thread_id, checkpoint_ns)
+            return [thread] if thread is not None else []
+        threads = Thread.objects.filter(agent=self._get_agent())
+        if thread_id is not None:
+            threads = threads.filter(metadata__contains={"langgraph": {"thread_id": thread_id}})
+        return list(threads)
+
+    @staticmethod
+    def _names(thread: Thread) -> tuple[str, str]:
+        info = thread.metadata.get("langgraph", {})
+        return info.get("thread_id", thread.external_id or ""), info.get("checkpoint_ns", "")
+
+    # ------------------------------------------------------------------ reads
+
+    @_releasing_connection
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        configurable = config["configurable"]
+        thread = self._thread(configurable["thread_id"], configurable.get("checkpoint_ns", ""))
+        if thread is None:
+            return None
+        rows = _by_lg_id(Checkpoint.objects.filter(thread=thread))
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            rows = rows.filter(metadata__lg_id=checkpoint_id)
+        row = rows.first()
+        return self._tuple(thread, row, self._writes([row])) if row is not None else None
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        yield from self._list(config, filter=filter, before=before, limit=limit)
+
+    @_releasing_connection
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None,
+        before: RunnableConfig | None,
+        limit: int | None,
+    ) -> Tuples:
+        configurable = config["configurable"] if config else {}
+        threads = {t.pk: t for t in self._threads(configurable.get("thread_id"), configurable.get("checkpoint_ns"))}
+        if not threads:
+            return []
+        rows = Checkpoint.objects.filter(thread_id__in=list(threads))
+        if checkpoint_id := configurable.get("checkpoint_id"):
+            rows = rows.filter(metadata__lg_id=checkpoint_id)
+        if before is not None and (before_id := get_checkpoint_id(before)):
+            rows = rows.annotate(_lg_id=Collate(KT("metadata__lg_id"), "C")).filter(_lg_id__lt=before_id)
+        if filter:
+            # Containment narrows in SQL; equality is then checked exactly, as LangGraph's savers do.
+            rows = rows.filter(metadata__contains={"lg_metadata": self._encode(filter)})
+        matched: list[Checkpoint] = []
+        for row in _by_lg_id(rows).iterator(chunk_size=100):
+            lg_metadata = row.metadata.get("lg_metadata", {})
+            if filter and any(lg_metadata.get(key) != self._encode(value) for key, value in filter.items()):
+                continue
+            matched.append(row)
+            if limit is not None and len(matched) >= limit:
+                break
+        found: Tuples = []
+        for start in range(0, len(matched), 100):
+            batch = matched[start : start + 100]
+            writes = self._writes(batch)
+            found.extend(self._tuple(threads[row.thread_id], row, writes) for row in batch)
+        return found
+
+    def _tuple(self, thread: Thread, row: Checkpoint, writes: PendingWrites) -> CheckpointTuple:
+        thread_id, checkpoint_ns = self._names(thread)
+        state = self._decode(store.state_at(row.pk))
+        checkpoint = cast(LGCheckpoint, {**state, "channel_values": state.get("channel_values", {})})
+        parent = row.metadata.get("lg_parent")
+        return CheckpointTuple(
+            config=_config(thread_id, checkpoint_ns, row.metadata["lg_id"]),
+            checkpoint=checkpoint,
+            metadata=self._decode(row.metadata.get("lg_metadata", {})),
+            parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
+            pending_writes=writes.get(row.metadata["lg_id"], []),
+        )
+
+    def _writes(self, rows: Iterable[Checkpoint]) -> PendingWrites:
+        """Pending writes per LangGraph checkpoint id, the newest row winning per (task, index)."""
+        by_thread: dict[UUID, list[str]] = {}
+        for row in rows:
+            by_thread.setdefault(row.thread_id, []).append(row.metadata["lg_id"])
+        if not by_thread:
+            return {}
+        scope = Q()
+        for thread_id, lg_ids in by_thread.items():
+            scope |= Q(thread_id=thread_id, result__lg_id__in=lg_ids)
+        latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+        for result in (
+            ToolResult.objects.filter(scope, tool=WRITE_TOOL)
+            .order_by("created_at", "id")
+            .values_list("result", flat=True)
+        ):
+            latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
+        return {
+            lg_id: [(w["task_id"], w["channel"], self._decode(w["value"])) for _, w in sorted(found.items())]
+            for lg_id, found in latest.items()
+        }
+
+    # ------------------------------------------------------------------ writes
+
+    @_releasing_connection
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: LGCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        configurable = config["configurable"]
+        thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
+        thread = self._thread(thread_id, checkpoint_ns, create=True)
+        assert thread is not None
+        versions = checkpoint["channel_versions"]
+        state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
+        state["channel_values"] = {
+            key: self._encode(value) for key, value in checkpoint["channel_values"].items() if key in versions
+        }
+        lg_metadata = self._encode(get_checkpoint_metadata(config, metadata))
+        if not Checkpoint.objects.filter(thread=thread, metadata__lg_id=checkpoint["id"]).exists():
+            self._append(
+                thread,
+                lg_id=checkpoint["id"],
+                lg_parent=configurable.get("checkpoint_id"),
+                lg_metadata=lg_metadata,
+                state=state,
+            )
+        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+
+    def _append(
+        self, thread: Thread, *, lg_id: str, lg_parent: str | None, lg_metadata: dict[str, Any], state: dict[str, Any]
+    ) -> Checkpoint:
+        """Write one LangGraph checkpoint after its LangGraph parent, branching when that is not a head."""
+        step = lg_metadata.get("step")
+        fields: dict[str, Any] = {
+            "state": state,
+            "label": str(lg_metadata.get("source", ""))[:200],
+            "step": step if type(step) is int and 0 <= step < 2**31 else None,
+            "metadata": {"lg_id": lg_id, "lg_parent": lg_parent, "lg_metadata": lg_metadata},
+        }
+        parent = (
+            Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_parent).values_list("id", "branch_id").first()
+            if lg_parent
+            else None
+        )
+        if parent is None:
+            if not Checkpoint.objects.filter(thread=thread).exists():
+                try:
+                    return store.append_checkpoint(thread=thread, parent=None, branch=store.MAIN_BRANCH, **fields)
+                except StaleParent:
+                    pass  # another writer started the thread first: this one is a second root
+            return store.append_checkpoint(
+                thread=thread, parent=None, branch=self._root_branch(thread, lg_id), **fields
+            )
+        parent_id, branch_id = parent
+        head = store.branch_head(thread_id=thread.pk, branch_id=branch_id)
+        if head is not None and head[0] == parent_id:
+            try:
+                return store.append_checkpoint(thread=thread, parent=parent_id, **fields)
+            except StaleParent:
+                pass  # another writer extended the branch first: fork instead
+        branch = store.start_branch(thread=thread, at=parent_id, name=_branch_name(lg_id))
+        return store.append_checkpoint(thread=thread, parent=parent_id, branch=branch.name, **fields)
+
+    @staticmethod
+    def _root_branch(thread: Thread, lg_id: str) -> str:
+        """Open a branch with no fork point, for a LangGraph checkpoint without a parent."""
+        name = _branch_name(lg_id)
+        with transaction.atomic():
+            Branch.objects.create(thread=thread, name=name, fork_point=None)
+            store.record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": None})
+        return name
+
+    @_releasing_connection
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        configurable = config["configurable"]
+        lg_id = configurable["checkpoint_id"]
+        # LangGraph may save a task's writes before the checkpoint's own put has finished,
+        # so a write is keyed by the LangGraph id; the link to the row is only a convenience.
+        thread = self._thread(configurable["thread_id"], configurable.get("checkpoint_ns", ""), create=True)
+        assert thread is not None
+        row = Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_id).values_list("id", flat=True).first()
+        with transaction.atomic():
+            for index, (channel, value) in enumerate(writes):
+                idx = WRITES_IDX_MAP.get(channel, index)
+                encoded = self._encode(value)
+                key_parts = [lg_id, task_id, str(idx)]
+                if idx < 0:  # a special write replaces an earlier one: a new row, read newest-first
+                    key_parts.append(codec.to_canonical_bytes(encoded).hex())
+                key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()
+                put_tool_result(
+                    thread=thread,
+                    key=key,
+                    tool=WRITE_TOOL,
+                    checkpoint=row,
+                    result={
+                        "lg_id": lg_id, "task_id": task_id, "task_path": task_path, "idx": idx,
+                        "channel": channel, "value": encoded,
+                    },
+                )  # fmt: skip
+
+    @_releasing_connection
+    def delete_thread(self, thread_id: str) -> None:
+        for thread in self._threads(thread_id, None):
+            _delete(thread)
+
+    # ------------------------------------------------------------------ extended capabilities
+
+    @_releasing_connection
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every namespace of a thread, checkpoints and pending writes, under a new thread id."""
+        for source in self._threads(source_thread_id, None):
+            _, checkpoint_ns = self._names(source)
+            with transaction.atomic():
+                target = self._thread(target_thread_id, checkpoint_ns, create=True)
+                assert target is not None
+                self._write_rows(target, self._rows(source, keep=None))
+
+    @_releasing_connection
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints (and their writes) that any of `run_ids` wrote."""
+        if not run_ids:
+            return
+        doomed = Checkpoint.objects.filter(
+            thread__agent=self._get_agent(), metadata__lg_metadata__run_id__in=list(run_ids)
+        ).values_list("thread_id", "id")
+        by_thread: dict[UUID, set[UUID]] = {}
+        for thread_id, checkpoint_id in doomed:
+            by_thread.setdefault(thread_id, set()).add(checkpoint_id)
+        for thread in Thread.objects.filter(pk__in=list(by_thread)):
+            keep = set(Checkpoint.objects.filter(thread=thread).values_list("id", flat=True)) - by_thread[thread.pk]
+            self._rebuild(thread, keep=keep)
+
+    @_releasing_connection
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep only each namespace's latest checkpoint (`keep_latest`) or delete the threads (`delete`)."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'.")
+        for thread_id in thread_ids:
+            for thread in self._threads(thread_id, None):
+                latest = _by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("id", flat=True).first()
+                if strategy == "delete" or latest is None:
+                    _delete(thread)
+                else:
+                    self._rebuild(thread, keep={latest})
+
+    def _rebuild(self, thread: Thread, *, keep: set[UUID]) -> None:
+        """Replace a thread by one holding only the checkpoints in `keep` (and their writes)."""
+        with transaction.atomic():
+            locked = Thread.objects.select_for_update().get(pk=thread.pk)
+            external_id, metadata = locked.external_id, locked.metadata
+            rows = self._rows(locked, keep=keep)
+            _delete(locked)
+            target, _ = store.create_thread(agent=self._get_agent(), external_id=external_id, metadata=metadata)
+            self._write_rows(target, rows)
+
+    def _rows(self, source: Thread, *, keep: set[UUID] | None) -> StoredRows:
+        """The source's checkpoints in write order with their states and pending-write rows."""
+        rows = Checkpoint.objects.filter(thread=source).order_by("created_at", "id")
+        if keep is not None:
+            rows = rows.filter(pk__in=list(keep))
+        writes: dict[str, list[ToolResult]] = {}
+        for result in ToolResult.objects.filter(thread=source, tool=WRITE_TOOL).order_by("created_at", "id"):
+            writes.setdefault(result.result["lg_id"], []).append(result)
+        return [(row, store.state_at(row.pk), writes.get(row.metadata["lg_id"], [])) for row in rows]
+
+    def _write_rows(self, target: Thread, rows: StoredRows) -> None:
+        for row, state, writes in rows:
+            written = self._append(
+                target,
+                lg_id=row.metadata["lg_id"],
+                lg_parent=row.metadata.get("lg_parent"),
+                lg_metadata=row.metadata.get("lg_metadata", {}),
+                state=state,
+            )
+            for write in writes:
+                put_tool_result(thread=target, key=write.key, tool=WRITE_TOOL, checkpoint=written, result=write.result)
+
+    # ------------------------------------------------------------------ async
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await database_sync_to_async(self.get_tuple)(config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        found = await database_sync_to_async(self._list)(config, filter=filter, before=before, limit=limit)
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: LGCheckpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await database_sync_to_async(self.put)(config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await database_sync_to_async(self.put_writes)(config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await database_sync_to_async(self.delete_thread)(thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await database_sync_to_async(self.copy_thread)(source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await database_sync_to_async(self.delete_for_runs)(run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await database_sync_to_async(self.prune)(thread_ids, strategy=strategy)
+
+
+def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
+
+
+def _by_lg_id(rows: Any) -> Any:
+    """Newest LangGraph checkpoint first: its ids are time-ordered and compare as bytes.
+
+    A checkpoint written in the thread by other means (a dashboard edit) has no LangGraph id
+    and is not LangGraph's to see until a hydrator gives it one.
+    """
+    return (
+        rows.filter(metadata__has_key="lg_id")
+        .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
+        .order_by("-_lg_order")
+    )
+
+
+def _branch_name(lg_id: str) -> str:
+    # A LangGraph id names one checkpoint, but a rebuilt or racing thread may fork at it twice.
+    return f"lg-{lg_id}-{new_id().hex[:8]}"
+
+
+def _delete(thread: Thread) -> None:
+    """Delete a Quicksave thread with everything in it."""
+    with transaction.atomic():
+        # The checkpoint tree and the branches' fork points protect their rows one by one;
+        # the whole thread goes, so unlink them first and let the cascade do the rest.
+        Thread.objects.filter(pk=thread.pk).update(active_branch=None, head=None)
+        Branch.objects.filter(thread=thread).update(fork_point=None)
+        Checkpoint.objects.filter(thread=thread).update(parent=None)
+        Thread.objects.filter(pk=thread.pk).delete()
+    store.forget_branches(thread.pk)

@@ -18,6 +18,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
+    path("audit/", include("approvals.audit_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

@@ -34,7 +34,9 @@ PASSWORD = "correct-horse-battery-9"
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: while Playwright's sync API runs it keeps an event loop
+# running on the main thread, which would break the async tests collected after these.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not Path(CHROMIUM).exists():
         pytest.skip(f"Chromium is not installed at {CHROMIUM} (set QUICKSAVE_CHROMIUM)")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -13,7 +15,7 @@ conformance = pytest.importorskip("langgraph.checkpoint.conformance")
 
 from checkpoints.langgraph_saver import QuicksaveSaver  # noqa: E402
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @conformance.checkpointer_test(name="QuicksaveSaver")
@@ -21,8 +23,11 @@ async def quicksave_saver() -> AsyncGenerator[QuicksaveSaver, None]:
     yield QuicksaveSaver(agent="langgraph-conformance")
 
 
-async def test_quicksave_saver_passes_langgraph_conformance(capsys: Any) -> None:
-    report = await conformance.validate(quicksave_saver)
+def test_quicksave_saver_passes_langgraph_conformance(capsys: Any) -> None:
+    # The suite is async. Run it on a loop of its own in a worker thread: Playwright's sync
+    # API keeps an event loop running on the main thread once the browser tests have started.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        report = pool.submit(asyncio.run, conformance.validate(quicksave_saver)).result()
     report.print_report()
     results = report.to_dict()["results"]
     with capsys.disabled():

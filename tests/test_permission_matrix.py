@@ -1,0 +1,224 @@
+"""Who may call what: every API endpoint, page and websocket route, for each named principal.
+
+One row per (route, method); the expected statuses are listed per principal in the order of
+PRINCIPALS. A route that forgets its permission check makes at least one row fail.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+from rest_framework.test import APIClient
+
+from agents import runs
+from agents.keys import create_agent_key, get_or_create_agent
+from approvals.services import request_approval
+from checkpoints import store
+from checkpoints.tools import put_tool_result
+from tests.conftest import person
+
+OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS = "owner-key", "foreign-key", "viewer", "reviewer", "admin", "anon"
+PRINCIPALS = (OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS)
+ACCEPT = "accept"
+
+CHECKPOINT = {"parent": "{head}", "state": {"n": 3}}
+APPROVAL = {"checkpoint": "{head}", "action": "pay"}
+
+# (method, path, body): statuses for owner key, foreign key, viewer, reviewer, admin, anonymous.
+# The thread belongs to the owner key's agent; it has checkpoints {first} -> {head}, a pending
+# approval on {head}, a cached tool result "{tool}" and a run leased to the owner key.
+API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
+    ("GET", "/api/v1/threads/", None, (200, 200, 200, 200, 200, 401)),
+    ("POST", "/api/v1/threads/", {"agent": "travel", "external_id": "new"}, (201, 403, 403, 403, 201, 401)),
+    ("GET", "/api/v1/threads/{thread}/", None, (200, 404, 200, 200, 200, 401)),
+    ("GET", "/api/v1/threads/{thread}/checkpoints/", None, (200, 404, 200, 200, 200, 401)),
+    ("POST", "/api/v1/threads/{thread}/checkpoints/", CHECKPOINT, (201, 404, 403, 403, 201, 401)),
+    ("GET", "/api/v1/checkpoints/{head}/", None, (200, 404, 200, 200, 200, 401)),
+    ("GET", "/api/v1/checkpoints/{head}/diff/", None, (200, 404, 200, 200, 200, 401)),
+    ("POST", "/api/v1/checkpoints/{first}/fork/", {"reason": "try again"}, (403, 404, 403, 403, 201, 401)),
+    ("GET", "/api/v1/threads/{thread}/tool-results/{tool}/", None, (200, 404, 200, 200, 200, 401)),
+    ("PUT", "/api/v1/threads/{thread}/tool-results/new/", {"result": {"ok": True}}, (201, 404, 403, 403, 201, 401)),
+    ("POST", "/api/v1/threads/{thread}/cancel/", {"reason": "stop"}, (403, 404, 403, 403, 200, 401)),
+    ("POST", "/api/v1/threads/{thread}/resume/", {"reason": "go"}, (403, 404, 403, 403, 409, 401)),
+    ("POST", "/api/v1/threads/{thread}/approvals/", APPROVAL, (409, 404, 403, 403, 409, 401)),
+    ("GET", "/api/v1/approvals/", None, (200, 200, 200, 200, 200, 401)),
+    ("GET", "/api/v1/approvals/{approval}/", None, (200, 404, 200, 200, 200, 401)),
+    ("POST", "/api/v1/approvals/{approval}/decide/", {"decision": "approve"}, (403, 404, 403, 200, 200, 401)),
+    ("POST", "/api/v1/runs/claim/", {}, (204, 204, 403, 403, 403, 401)),
+    ("POST", "/api/v1/runs/{run}/heartbeat/", {}, (200, 404, 403, 403, 403, 401)),
+    ("POST", "/api/v1/runs/{run}/complete/", {}, (200, 404, 403, 403, 403, 401)),
+    ("POST", "/api/v1/runs/{run}/fail/", {"error": "boom"}, (200, 404, 403, 403, 403, 401)),
+]  # fmt: skip
+
+# Pages use the session only: an agent key opens no page (it is sent to the login page).
+PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
+    ("GET", "/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/threads/{thread}/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/checkpoints/{head}/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/checkpoints/{head}/diff/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/checkpoints/{first}/fork/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/checkpoints/{first}/fork/", {"reason": "try again", "step": "review"}, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/checkpoints/{first}/rerun/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/checkpoints/{first}/rerun/", {"reason": "again"}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/threads/{thread}/cancel/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/threads/{thread}/cancel/", {"reason": "stop"}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/threads/{thread}/resume/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/threads/{thread}/resume/", {"reason": "go"}, (302, 302, 403, 403, 409, 302)),
+    ("GET", "/inbox/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
+    ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),
+    ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
+]  # fmt: skip
+
+# Websockets: ACCEPT, or the close code the consumer answers with.
+SOCKETS: list[tuple[str, tuple[str | int, ...]]] = [
+    ("/ws/threads/{thread}/", (ACCEPT, 4404, ACCEPT, ACCEPT, ACCEPT, 4401)),
+    ("/ws/inbox/", (ACCEPT, ACCEPT, ACCEPT, ACCEPT, ACCEPT, 4401)),
+]
+
+
+@pytest.fixture(autouse=True)
+def _fast_passwords(settings: Any) -> None:
+    # Named people get real passwords; hashing 230 of them properly would be most of the run.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+def _rows(table: list[Any]) -> list[Any]:
+    return [
+        pytest.param(
+            *row[:-1], principal, expected, id=" ".join([*(p for p in row[:-1] if isinstance(p, str)), principal])
+        )
+        for row in table
+        for principal, expected in zip(PRINCIPALS, row[-1], strict=True)
+    ]
+
+
+@dataclass
+class World:
+    ids: dict[str, str]
+    keys: dict[str, str]
+
+    def fill(self, value: Any) -> Any:
+        """The path or body with {thread}, {head}, ... replaced by this world's ids."""
+        if isinstance(value, str):
+            return value.format(**self.ids)
+        if isinstance(value, dict):
+            return {key: self.fill(item) for key, item in value.items()}
+        return value
+
+
+def build_world() -> World:
+    agent = get_or_create_agent(name="travel")
+    owner_key, owner_secret = create_agent_key(agent=agent, label="owner")
+    foreign_secret = create_agent_key(agent=get_or_create_agent(name="code-review"), label="foreign")[1]
+    thread, _ = store.create_thread(agent=agent, external_id="trip-1")
+    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1}, label="first")
+    head = store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
+    put_tool_result(thread=thread, key="search-1", result={"hits": 3}, checkpoint=head)
+    approval = request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})
+    runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
+    run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
+    assert run is not None
+    ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk}
+    return World(
+        ids={**{name: str(value) for name, value in ids.items()}, "tool": "search-1"},
+        keys={OWNER: owner_secret, FOREIGN: foreign_secret},
+    )
+
+
+def api_client(world: World, principal: str) -> APIClient:
+    client = APIClient()
+    if principal in world.keys:
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {world.keys[principal]}")
+    elif principal != ANONYMOUS:
+        client.force_login(person(principal, principal))
+    return client
+
+
+def page_client(world: World, principal: str) -> Client:
+    if principal in world.keys:
+        return Client(HTTP_AUTHORIZATION=f"Bearer {world.keys[principal]}")
+    client = Client()
+    if principal != ANONYMOUS:
+        client.force_login(person(principal, principal))
+    return client
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("method", "path", "body", "principal", "expected"), _rows(API))
+def test_api(method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
+    world = build_world()
+    client = api_client(world, principal)
+    response = client.generic(method, world.fill(path), **_json(world.fill(body)))
+    assert response.status_code == expected, response.content[:300]
+
+
+def _json(body: dict[str, Any] | None) -> dict[str, Any]:
+    if body is None:
+        return {}
+    return {"data": json.dumps(body), "content_type": "application/json"}
+
+
+@pytest.mark.django_db
+@pytest.mark.urls("tests.approvals.audit_urlconf")
+@pytest.mark.parametrize(("method", "path", "body", "principal", "expected"), _rows(PAGES))
+def test_page(method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
+    world = build_world()
+    client = page_client(world, principal)
+    url = world.fill(path)
+    response = client.post(url, body or {}) if method == "POST" else client.get(url)
+    assert response.status_code == expected, response.content[:300]
+    if expected == 302 and principal in (OWNER, FOREIGN, ANONYMOUS):
+        assert response["Location"].startswith("/login/")
+
+
+@pytest.fixture
+def application() -> Any:
+    from channels.auth import AuthMiddlewareStack
+    from channels.routing import URLRouter
+
+    from agents.ws_auth import AgentKeyAuthMiddleware
+    from approvals.routing import websocket_urlpatterns as inbox_routes
+    from checkpoints.routing import websocket_urlpatterns as thread_routes
+
+    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+
+
+def _handshake_headers(world: World, principal: str) -> list[tuple[bytes, bytes]]:
+    """What a real client sends: the key in the Authorization header, or the session cookie."""
+    if principal in world.keys:
+        return [(b"authorization", f"Bearer {world.keys[principal]}".encode())]
+    if principal == ANONYMOUS:
+        return []
+    client = Client()
+    client.force_login(person(principal, principal))
+    return [(b"cookie", f"sessionid={client.cookies['sessionid'].value}".encode())]
+
+
+@pytest.mark.asyncio
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(("path", "principal", "expected"), _rows(SOCKETS))
+async def test_websocket(application: Any, path: str, principal: str, expected: str | int) -> None:
+    world = await sync_to_async(build_world)()
+    headers = await sync_to_async(_handshake_headers)(world, principal)
+    communicator = WebsocketCommunicator(application, world.fill(path), headers=headers)
+    connected, code = await communicator.connect(timeout=5)
+    try:
+        assert (ACCEPT if connected else code) == expected
+    finally:
+        await communicator.disconnect()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/api/v1/threads/", "/api/v1/approvals/"])
+def test_a_foreign_key_lists_none_of_the_owners_rows(path: str) -> None:
+    world = build_world()
+    owner = api_client(world, OWNER).get(path).json()["results"]
+    foreign = api_client(world, FOREIGN).get(path).json()["results"]
+    assert owner and not foreign

@@ -8,7 +8,7 @@ from typing import Any
 
 from django.db import connection
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
@@ -18,7 +18,7 @@ from rest_framework.views import APIView
 from agents import runs
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run, RunStatus
-from approvals.serializers import approval_data
+from approvals.serializers import ApprovalSchemaSerializer, approval_data
 
 MAX_WAIT_SECONDS = 30
 
@@ -57,6 +57,22 @@ def _own_run(principal: AgentPrincipal, run_id: Any) -> Run:
     return run
 
 
+class RunSchemaSerializer(serializers.Serializer[Any]):
+    """The schema of `run_data` for the OpenAPI document."""
+
+    id = serializers.UUIDField()
+    thread = serializers.UUIDField()
+    checkpoint = serializers.UUIDField()
+    reason = serializers.CharField()
+    status = serializers.CharField()
+    attempts = serializers.IntegerField()
+    lease_expires_at = serializers.DateTimeField(allow_null=True)
+    approval = ApprovalSchemaSerializer(allow_null=True)
+
+
+RUN_ENVELOPE = inline_serializer("RunEnvelope", {"run": RunSchemaSerializer()})
+
+
 class ClaimSerializer(serializers.Serializer[Any]):
     agent = serializers.SlugField(required=False, max_length=64)
     wait = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_SECONDS)
@@ -67,7 +83,7 @@ class FailSerializer(serializers.Serializer[Any]):
 
 
 class ClaimView(APIView):
-    @extend_schema(request=ClaimSerializer, responses={200: dict, 204: None})
+    @extend_schema(request=ClaimSerializer, responses={200: RUN_ENVELOPE, 204: None})
     def post(self, request: Request) -> Response:
         principal = _agent_principal(request)
         serializer = ClaimSerializer(data=request.data)
@@ -93,6 +109,7 @@ class ClaimView(APIView):
 
 
 class HeartbeatView(APIView):
+    @extend_schema(request=None, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _agent_principal(request)
         run = runs.heartbeat(run=_own_run(principal, run_id), worker=_worker(principal))
@@ -100,6 +117,7 @@ class HeartbeatView(APIView):
 
 
 class CompleteView(APIView):
+    @extend_schema(request=None, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _agent_principal(request)
         run = runs.finish_run(run=_own_run(principal, run_id), worker=_worker(principal), status=RunStatus.COMPLETED)
@@ -107,7 +125,7 @@ class CompleteView(APIView):
 
 
 class FailView(APIView):
-    @extend_schema(request=FailSerializer)
+    @extend_schema(request=FailSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _agent_principal(request)
         serializer = FailSerializer(data=request.data)

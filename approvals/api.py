@@ -7,8 +7,8 @@ from typing import Any
 
 from django.contrib.auth.models import User
 from django.http import Http404
-from drf_spectacular.utils import extend_schema
-from rest_framework import status
+from drf_spectacular.utils import extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -21,6 +21,7 @@ from approvals.models import ApprovalRequest
 from approvals.serializers import (
     ApprovalCreateSerializer,
     ApprovalListQuerySerializer,
+    ApprovalSchemaSerializer,
     DecisionSerializer,
     approval_data,
 )
@@ -52,7 +53,7 @@ class ApprovalPagination(CursorPagination):
 
 
 class ThreadApprovalsView(APIView):
-    @extend_schema(request=ApprovalCreateSerializer, responses={201: dict})
+    @extend_schema(request=ApprovalCreateSerializer, responses={201: ApprovalSchemaSerializer})
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:
         thread = get_thread_for(request.user, thread_id)
         check_can_write(request.user, thread)
@@ -70,7 +71,13 @@ class ThreadApprovalsView(APIView):
 
 
 class ApprovalListView(APIView):
-    @extend_schema(parameters=[ApprovalListQuerySerializer])
+    @extend_schema(
+        parameters=[ApprovalListQuerySerializer],
+        responses=inline_serializer(
+            "ApprovalPage",
+            {"results": ApprovalSchemaSerializer(many=True), "next": serializers.URLField(allow_null=True)},
+        ),
+    )
     def get(self, request: Request) -> Response:
         query = ApprovalListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
@@ -85,12 +92,13 @@ class ApprovalListView(APIView):
 
 
 class ApprovalDetailView(APIView):
+    @extend_schema(responses=ApprovalSchemaSerializer)
     def get(self, request: Request, approval_id: uuid.UUID) -> Response:
         return Response(approval_data(get_approval_for(request.user, approval_id)))
 
 
 class DecideView(APIView):
-    @extend_schema(request=DecisionSerializer, responses={200: dict})
+    @extend_schema(request=DecisionSerializer, responses={200: ApprovalSchemaSerializer})
     def post(self, request: Request, approval_id: uuid.UUID) -> Response:
         approval = get_approval_for(request.user, approval_id)
         user = request.user

@@ -37,6 +37,32 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
     }
 
 
+class DecisionSchemaSerializer(serializers.Serializer[Any]):
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices)
+    args = serializers.JSONField(allow_null=True, help_text="Approved args (the edited ones when edited).")
+    args_edited = serializers.BooleanField()
+    comment = serializers.CharField(allow_blank=True)
+    decided_by = serializers.CharField(allow_null=True)
+    decided_at = serializers.DateTimeField(allow_null=True)
+
+
+class ApprovalSchemaSerializer(serializers.Serializer[Any]):
+    """The schema of `approval_data` for the OpenAPI document (a test keeps the two in step)."""
+
+    id = serializers.UUIDField()
+    thread = serializers.UUIDField()
+    agent = serializers.CharField()
+    checkpoint = serializers.UUIDField()
+    action = serializers.CharField()
+    args = serializers.JSONField()
+    message = serializers.CharField(allow_blank=True)
+    risk = serializers.ChoiceField(choices=Risk.choices)
+    expires_at = serializers.DateTimeField(allow_null=True)
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices)
+    created_at = serializers.DateTimeField()
+    decision = DecisionSchemaSerializer(allow_null=True)
+
+
 class ApprovalCreateSerializer(serializers.Serializer[Any]):
     checkpoint = serializers.UUIDField()
     action = serializers.CharField(max_length=200)

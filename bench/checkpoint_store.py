@@ -84,16 +84,13 @@ def parse_sizes(values: Sequence[str] | None) -> list[int]:
 
 
 def run_size(steps: int, only: set[str] | None = None) -> list[Result]:
-    """Run every contender at one size; a contender raising NotImplementedError is skipped."""
+    """Run every contender (or those in `only`) at one size."""
     results: list[Result] = []
     for label, runner in CONTENDERS:
         if only and label not in only:
             continue
         settle()
-        try:
-            results.extend(runner(steps))
-        except NotImplementedError as exc:
-            print(f"[skip] {label} at {steps} steps: not implemented ({exc})", flush=True)
+        results.extend(runner(steps))
     return results
 
 

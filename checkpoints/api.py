@@ -7,8 +7,8 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import status
+from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
@@ -192,7 +192,15 @@ class CheckpointDetailView(APIView):
 
 class CheckpointDiffView(APIView):
     @extend_schema(
-        parameters=[OpenApiParameter("base", str, description="Checkpoint id to diff from (default: the parent).")]
+        parameters=[OpenApiParameter("base", str, description="Checkpoint id to diff from (default: the parent).")],
+        responses=inline_serializer(
+            "Diff",
+            {
+                "base": serializers.UUIDField(),
+                "target": serializers.UUIDField(),
+                "patch": serializers.ListField(child=serializers.DictField(), help_text="RFC 6902 ops"),
+            },
+        ),
     )
     def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
         target = get_checkpoint_for(request.user, checkpoint_id)

@@ -48,7 +48,7 @@ class CheckpointSummarySerializer(serializers.Serializer[Checkpoint]):
 
     id = serializers.UUIDField()
     thread = serializers.UUIDField(source="thread_id")
-    branch = serializers.SerializerMethodField()
+    branch = serializers.CharField()
     # DRF collects declared fields off the class, so names that shadow Field attributes are fine.
     parent = serializers.UUIDField(source="parent_id", allow_null=True)  # type: ignore[assignment]
     seq = serializers.IntegerField()
@@ -59,26 +59,16 @@ class CheckpointSummarySerializer(serializers.Serializer[Checkpoint]):
     model = ModelParamsSerializer()
     metadata = serializers.JSONField()
     schema_version = serializers.IntegerField()
-    storage = serializers.SerializerMethodField()
+    storage = serializers.ChoiceField(choices=["snapshot", "delta"])
     state_bytes = serializers.IntegerField()
     created_at = serializers.DateTimeField()
 
-    def get_branch(self, checkpoint: Checkpoint) -> str:
-        raise NotImplementedError  # schema only: see checkpoint_summary
-
-    def get_storage(self, checkpoint: Checkpoint) -> str:
-        raise NotImplementedError
-
 
 class CheckpointDetailSerializer(CheckpointSummarySerializer):
-    state = serializers.SerializerMethodField()
-    integrity = serializers.SerializerMethodField()
+    """The schema of GET /checkpoints/{id}/ (CheckpointDetailView builds the body)."""
 
-    def get_state(self, checkpoint: Checkpoint) -> dict[str, Any]:
-        raise NotImplementedError  # schema only: CheckpointDetailView builds the body
-
-    def get_integrity(self, checkpoint: Checkpoint) -> dict[str, str]:
-        raise NotImplementedError
+    state = serializers.DictField()
+    integrity = serializers.DictField(child=serializers.CharField(), help_text="{status, mac}")
 
 
 class BranchSerializer(serializers.ModelSerializer[Branch]):
@@ -291,10 +281,9 @@ class ThreadActionSerializer(_StrictSerializer):
 
 
 class ThreadActionResultSerializer(ThreadDetailSerializer):
-    run = serializers.SerializerMethodField()
+    """Schema only: the view adds the queued run's id to the thread."""
 
-    def get_run(self, thread: Thread) -> str | None:
-        raise NotImplementedError  # schema only: the view adds the queued run's id
+    run = serializers.UUIDField(allow_null=True, read_only=True)
 
     class Meta(ThreadDetailSerializer.Meta):
         fields = [*ThreadDetailSerializer.Meta.fields, "run"]

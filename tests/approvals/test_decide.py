@@ -221,3 +221,11 @@ def test_two_reviewers_deciding_at_the_same_moment_exactly_one_wins(live_server:
     assert loser["code"] == "already_decided"
     assert loser["detail"]["decided_by"] == winner["decided_by"]
     assert Run.objects.filter(approval=approval).count() == 1
+
+
+def test_the_documented_approval_schema_matches_what_the_api_returns(reviewer: User, suspended: dict[str, Any]) -> None:
+    from approvals.serializers import ApprovalSchemaSerializer, DecisionSchemaSerializer
+
+    assert set(suspended) == set(ApprovalSchemaSerializer().fields)
+    decided = post(api_as(reviewer), f"/api/v1/approvals/{suspended['id']}/decide/", {"decision": "approve"}).json()
+    assert set(decided["decision"]) == set(DecisionSchemaSerializer().fields)

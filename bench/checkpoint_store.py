@@ -28,7 +28,11 @@ from typing import Any
 
 import psycopg
 
-_ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, bench/ heads sys.path and bench/langgraph.py would shadow the real
+# `langgraph` package: drop that folder and put the project root there instead.
+_HERE = Path(__file__).resolve().parent
+_ROOT = _HERE.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 

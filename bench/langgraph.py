@@ -65,6 +65,7 @@ from bench.peers import (  # noqa: E402
     bench_conninfo,
     build_graph,
     ensure_bench_database,
+    fresh_postgres_saver,
     median_ms,
     quiet_langchain_warnings,
     relation_bytes,
@@ -185,22 +186,10 @@ def run_postgres_saver(steps: int, seed: int = 7, durability: str | None = None)
     prepare_threshold=0, row_factory=dict_row``, as its documentation requires
     (the same set-up as ``bench.peers.run_langgraph``).
     """
-    from psycopg.rows import dict_row
-
-    with quiet_langchain_warnings():
-        from langgraph.checkpoint.postgres import PostgresSaver
-
-    conninfo = ensure_bench_database()
     work = list(workload(steps, seed))
     config: RunnableConfig = {"configurable": {"thread_id": THREAD_ID}}
 
-    with psycopg.connect(conninfo, autocommit=True) as admin:
-        for table in LANGGRAPH_TABLES:
-            admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
-
-    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
-        saver = PostgresSaver(conn)
-        saver.setup()
+    with fresh_postgres_saver() as (conn, saver):
         graph = build_graph(work, saver)
 
         t0, stamps = _drive(graph, work, config, durability)

@@ -541,6 +541,22 @@ def build_graph(work: Sequence[Step], checkpointer: Any) -> Any:
     return builder.compile(checkpointer=checkpointer)
 
 
+@contextmanager
+def fresh_postgres_saver() -> Iterator[tuple[psycopg.Connection[Any], Any]]:
+    """A PostgresSaver on freshly created tables, on a connection set up as its documentation requires."""
+    with quiet_langchain_warnings():
+        from langgraph.checkpoint.postgres import PostgresSaver
+
+    conninfo = ensure_bench_database()
+    with psycopg.connect(conninfo, autocommit=True) as admin:
+        for table in LANGGRAPH_TABLES:
+            admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
+    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
+        saver = PostgresSaver(conn)
+        saver.setup()
+        yield conn, saver
+
+
 def run_langgraph(steps: int, seed: int = 7) -> Result:
     """Run the LangGraph ``PostgresSaver`` contender over ``steps`` workload steps.
 
@@ -549,21 +565,11 @@ def run_langgraph(steps: int, seed: int = 7) -> Result:
     and LangGraph's default durability (``"async"``: checkpoints are written by
     a background thread, but ``invoke`` returns only after they are committed).
     """
-    with quiet_langchain_warnings():
-        from langgraph.checkpoint.postgres import PostgresSaver
-
-    conninfo = ensure_bench_database()
     work = list(workload(steps, seed))
     rng = random.Random(seed * 1_000 + steps)
     config: RunnableConfig = {"configurable": {"thread_id": THREAD_ID}}
 
-    with psycopg.connect(conninfo, autocommit=True) as admin:
-        for table in LANGGRAPH_TABLES:
-            admin.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(table)))
-
-    with psycopg.connect(conninfo, autocommit=True, prepare_threshold=0, row_factory=dict_row) as conn:
-        saver = PostgresSaver(conn)
-        saver.setup()
+    with fresh_postgres_saver() as (conn, saver):
         graph = build_graph(work, saver)
 
         gc.collect()

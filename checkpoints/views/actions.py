@@ -149,30 +149,25 @@ def rerun_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
 
 @viewer_required
 def cancel_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
-    thread = get_thread_for(request.user, thread_id)
-    user = check_can_cancel(request.user)
-    if request.method == "POST":
-        try:
-            forks.cancel(thread=thread, user=user, reason=request.POST.get("reason", ""),
-                         address=client_address(request))  # fmt: skip
-        except DomainError as exc:
-            return _confirm(request, "cancel", thread, error=exc)
-        return redirect("dashboard:thread", thread_id=thread.pk)
-    return _confirm(request, "cancel", thread)
+    return _thread_action(request, thread_id, "cancel", forks.cancel)
 
 
 @viewer_required
 def resume_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    return _thread_action(request, thread_id, "resume", forks.resume_failed)
+
+
+def _thread_action(request: HttpRequest, thread_id: UUID, action: str, perform: Any) -> HttpResponse:
+    """Cancel or resume: GET asks to confirm, POST (with a reason) does it and goes back to the thread."""
     thread = get_thread_for(request.user, thread_id)
     user = check_can_cancel(request.user)
-    if request.method == "POST":
-        try:
-            forks.resume_failed(thread=thread, user=user, reason=request.POST.get("reason", ""),
-                                address=client_address(request))  # fmt: skip
-        except DomainError as exc:
-            return _confirm(request, "resume", thread, error=exc)
-        return redirect("dashboard:thread", thread_id=thread.pk)
-    return _confirm(request, "resume", thread)
+    if request.method != "POST":
+        return _confirm(request, action, thread)
+    try:
+        perform(thread=thread, user=user, reason=request.POST.get("reason", ""), address=client_address(request))
+    except DomainError as exc:
+        return _confirm(request, action, thread, error=exc)
+    return redirect("dashboard:thread", thread_id=thread.pk)
 
 
 # --------------------------------------------------------------------------- helpers

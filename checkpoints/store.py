@@ -35,7 +35,7 @@ from agents.models import Agent
 from checkpoints import codec, live
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
 from checkpoints.ids import new_id
-from checkpoints.jsonpatch import PatchError, apply_patch, canonical_size, make_patch, validate_ops
+from checkpoints.jsonpatch import PatchError, apply_patch, make_patch, validate_ops
 from checkpoints.models import (
     Branch,
     Checkpoint,
@@ -694,10 +694,6 @@ def clone(value: Any) -> Any:
     if isinstance(value, list):
         return [clone(item) for item in value]
     return value
-
-
-def state_size(value: Any) -> int:
-    return canonical_size(value)
 
 
 def start_branch(*, thread: Thread, at: Checkpoint | UUID, name: str) -> Branch:

@@ -15,6 +15,7 @@ from django.db import connection, connections
 from agents.models import Agent
 from checkpoints import store
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
+from checkpoints.jsonpatch import canonical_size
 from checkpoints.models import Checkpoint, Event, PayloadKind, Thread, ThreadStatus
 from tests.conftest import message
 
@@ -87,7 +88,7 @@ def test_state_bytes_is_the_size_of_the_canonical_state(thread: Thread) -> None:
         store.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/messages/0"}])
     )
     for checkpoint in written:
-        assert checkpoint.state_bytes == store.state_size(store.state_at(checkpoint))
+        assert checkpoint.state_bytes == canonical_size(store.state_at(checkpoint))
 
 
 def test_stale_parent_is_rejected_with_head(thread: Thread) -> None:

@@ -626,13 +626,13 @@ def load_node(checkpoint_id: UUID | str) -> Node:
         if snapshot.kind != PayloadKind.SNAPSHOT:
             raise IntegrityFailure(f"Checkpoint {checkpoint_id} has no snapshot on its path.")
         _verify(snapshot, parent_integrity=snapshot.parent_integrity)
-        node = _node_from(snapshot, codec.decode(snapshot.payload))
+        node = _node_from(snapshot, decode_payload(snapshot))
         start = 1
     state, integrity = node.state, node.integrity
     for row in rows[start:]:
         _verify(row, parent_integrity=integrity)
         try:
-            state = apply_patch(state, codec.decode(row.payload), measure=False, in_place=owned).doc
+            state = apply_patch(state, decode_payload(row), measure=False, in_place=owned).doc
         except PatchError as exc:
             raise IntegrityFailure(f"Checkpoint {row.id}'s delta does not apply: {exc.message}") from None
         integrity = row.integrity
@@ -640,6 +640,14 @@ def load_node(checkpoint_id: UUID | str) -> Node:
         node = _node_from(rows[-1], state)
     _cache.put(node)
     return node
+
+
+def decode_payload(row: Checkpoint | _Row) -> Any:
+    """A stored row's payload as JSON: its full state (snapshot) or its RFC 6902 ops (delta).
+
+    The one place a payload is opened; callers check the row's MAC first (see verify.py).
+    """
+    return codec.decode(row.payload)
 
 
 def _verify(row: _Row, *, parent_integrity: bytes | None) -> None:

@@ -8,7 +8,7 @@ from uuid import UUID
 
 from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.store import mac_fields
+from checkpoints.store import decode_payload, mac_fields
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,6 @@ def verify_thread(thread: Thread) -> Iterator[Problem]:
             yield Problem(thread.pk, row.id, row.seq, row.branch.name, "row does not match its integrity MAC")
             continue
         try:
-            codec.decode(row.payload)
+            decode_payload(row)
         except ValueError as exc:
             yield Problem(thread.pk, row.id, row.seq, row.branch.name, f"payload does not decode: {exc}")

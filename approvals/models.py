@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.utils import timezone
 
+from checkpoints.fields import SealedJSONField
 from checkpoints.ids import new_id
 
 
@@ -35,14 +36,14 @@ class ApprovalRequest(models.Model):
         "checkpoints.Checkpoint", on_delete=models.CASCADE, related_name="approvals", db_index=False
     )
     action = models.CharField(max_length=200)
-    args = models.JSONField(default=dict, blank=True)
+    args = SealedJSONField(default=dict, bind=("pk",))
     message = models.TextField(blank=True)
     risk = models.CharField(max_length=8, choices=Risk.choices, default=Risk.HIGH)
     expires_at = models.DateTimeField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=ApprovalStatus.choices, default=ApprovalStatus.PENDING)
     # The decision: approved args (the edited ones when a reviewer changed them), the
     # reviewer's comment (required to reject), who and when. Empty while pending.
-    decided_args = models.JSONField(null=True, blank=True)
+    decided_args = SealedJSONField(null=True, blank=True, bind=("pk",))
     args_edited = models.BooleanField(default=False)
     comment = models.TextField(blank=True)
     decided_by = models.ForeignKey(

@@ -84,6 +84,12 @@ TYPED = "__lg_typed__"
 WRITE_TOOL = "langgraph:write"
 
 
+def write_tool(lg_id: str) -> str:
+    """The tool name a pending write is stored under: results are sealed, so the LangGraph
+    checkpoint id a write belongs to is kept in this clear column to select by."""
+    return f"{WRITE_TOOL}:{lg_id}"
+
+
 def _releasing_connection(method: Callable[P, R]) -> Callable[P, R]:
     """Give the thread's database connection back when the call opened it.
 
@@ -263,13 +269,10 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return {}
         scope = Q()
         for thread_id, lg_ids in by_thread.items():
-            scope |= Q(thread_id=thread_id, result__lg_id__in=lg_ids)
+            scope |= Q(thread_id=thread_id, tool__in=[write_tool(lg_id) for lg_id in lg_ids])
         latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
-        for result in (
-            ToolResult.objects.filter(scope, tool=WRITE_TOOL)
-            .order_by("created_at", "id")
-            .values_list("result", flat=True)
-        ):
+        for stored in ToolResult.objects.filter(scope).order_by("created_at", "id"):
+            result = stored.result
             latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
         return {
             lg_id: [(w["task_id"], w["channel"], self._decode(w["value"])) for _, w in sorted(found.items())]
@@ -376,7 +379,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 put_tool_result(
                     thread=thread,
                     key=key,
-                    tool=WRITE_TOOL,
+                    tool=write_tool(lg_id),
                     checkpoint=row,
                     result={
                         "lg_id": lg_id, "task_id": task_id, "task_path": task_path, "idx": idx,
@@ -445,7 +448,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         if keep is not None:
             rows = rows.filter(pk__in=list(keep))
         writes: dict[str, list[ToolResult]] = {}
-        for result in ToolResult.objects.filter(thread=source, tool=WRITE_TOOL).order_by("created_at", "id"):
+        pending = ToolResult.objects.filter(thread=source, tool__startswith=f"{WRITE_TOOL}:")
+        for result in pending.order_by("created_at", "id"):
             writes.setdefault(result.result["lg_id"], []).append(result)
         return [(row, store.state_at(row.pk), writes.get(row.metadata["lg_id"], [])) for row in rows]
 
@@ -459,7 +463,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 state=state,
             )
             for write in writes:
-                put_tool_result(thread=target, key=write.key, tool=WRITE_TOOL, checkpoint=written, result=write.result)
+                put_tool_result(thread=target, key=write.key, tool=write.tool, checkpoint=written, result=write.result)
 
     # ------------------------------------------------------------------ async
 
@@ -533,11 +537,4 @@ def _branch_name(lg_id: str) -> str:
 
 def _delete(thread: Thread) -> None:
     """Delete a Quicksave thread with everything in it."""
-    with transaction.atomic():
-        # The checkpoint tree and the branches' fork points protect their rows one by one;
-        # the whole thread goes, so unlink them first and let the cascade do the rest.
-        Thread.objects.filter(pk=thread.pk).update(active_branch=None, head=None)
-        Branch.objects.filter(thread=thread).update(fork_point=None)
-        Checkpoint.objects.filter(thread=thread).update(parent=None)
-        Thread.objects.filter(pk=thread.pk).delete()
-    store.forget_branches(thread.pk)
+    store.delete_thread(thread)

@@ -13,6 +13,7 @@ from django.db import models
 from django.utils import timezone
 
 from agents.models import Agent
+from checkpoints.fields import SealedJSONField
 from checkpoints.ids import new_id
 
 
@@ -180,13 +181,30 @@ class Checkpoint(models.Model):
         }
 
 
+class ThreadKey(models.Model):
+    """A thread's data key, wrapped (AES-256-GCM) by the master key `master_key_id` names.
+
+    Kept apart from the thread so that rotating master keys rewrites only these rows and
+    deleting a thread's key (crypto-shredding) leaves its rows unreadable everywhere.
+    """
+
+    thread = models.OneToOneField(Thread, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    master_key_id = models.CharField(max_length=32)
+    wrapped = models.BinaryField()
+    created_at = models.DateTimeField(default=timezone.now)
+    rotated_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"data key of {self.thread_id} under {self.master_key_id}"
+
+
 class ToolResult(models.Model):
     """A tool call's result cached per thread, so a resumed agent never repeats the call."""
 
     thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="tool_results", db_index=False)
     key = models.CharField(max_length=128)
     tool = models.CharField(max_length=200, blank=True)
-    result = models.JSONField()
+    result = SealedJSONField(bind=("thread_id", "key"))
     checkpoint = models.ForeignKey(
         Checkpoint, null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )

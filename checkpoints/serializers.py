@@ -224,6 +224,7 @@ class DiffQuerySerializer(serializers.Serializer[Any]):
 
 
 class ToolResultSerializer(serializers.ModelSerializer[ToolResult]):
+    result = serializers.JSONField(read_only=True)
     checkpoint = serializers.UUIDField(source="checkpoint_id", allow_null=True)
 
     class Meta:

@@ -32,8 +32,9 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from agents.models import Agent
-from checkpoints import codec, live
+from checkpoints import codec, crypto, live
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
+from checkpoints.fields import associated_data
 from checkpoints.ids import new_id
 from checkpoints.jsonpatch import PatchError, apply_patch, make_patch, validate_ops
 from checkpoints.models import (
@@ -151,6 +152,7 @@ def create_thread(
     try:
         with transaction.atomic():
             thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata)
+            crypto.create_thread_key(thread.pk)
             branch = Branch.objects.create(thread=thread, name=MAIN_BRANCH)
             thread.active_branch = branch
             thread.save(update_fields=["active_branch"])
@@ -241,11 +243,12 @@ def append_checkpoint(
         or chain_length >= settings.QUICKSAVE_SNAPSHOT_EVERY
         or chain_bytes * REPLAY_COST_PER_BYTE > state_bytes
     ):
-        kind, payload, chain_length, chain_bytes = PayloadKind.SNAPSHOT, codec.encode(_canonical(new_state)), 0, 0
+        kind, framed, chain_length, chain_bytes = PayloadKind.SNAPSHOT, codec.encode(_canonical(new_state)), 0, 0
     else:
-        kind, payload = PayloadKind.DELTA, codec.encode(delta)
+        kind, framed = PayloadKind.DELTA, codec.encode(delta)
 
     checkpoint_id = new_id()
+    payload = crypto.seal(thread.pk, payload_ad(checkpoint_id), framed)
     fields["state_bytes"] = state_bytes
     integrity = codec.integrity_mac(
         parent_integrity=parent_node.integrity if parent_node else None,
@@ -642,12 +645,18 @@ def load_node(checkpoint_id: UUID | str) -> Node:
     return node
 
 
+def payload_ad(checkpoint_id: UUID) -> bytes:
+    """What a checkpoint's sealed payload is bound to: its table, column and row."""
+    return associated_data("checkpoints_checkpoint.payload", checkpoint_id)
+
+
 def decode_payload(row: Checkpoint | _Row) -> Any:
     """A stored row's payload as JSON: its full state (snapshot) or its RFC 6902 ops (delta).
 
-    The one place a payload is opened; callers check the row's MAC first (see verify.py).
+    The one place a payload is opened (decrypted, decompressed, parsed); callers check the
+    row's MAC first (see verify.py), which covers the stored, sealed bytes.
     """
-    return codec.decode(row.payload)
+    return codec.decode(crypto.unseal(row.thread_id, payload_ad(row.id), bytes(row.payload)))
 
 
 def _verify(row: _Row, *, parent_integrity: bytes | None) -> None:
@@ -720,3 +729,17 @@ def start_branch(*, thread: Thread, at: Checkpoint | UUID, name: str) -> Branch:
             f"Thread {thread.pk} already has a branch named '{name}'.", detail={"field": "name"}
         ) from None
     return branch
+
+
+def delete_thread(thread: Thread) -> None:
+    """Delete a thread with everything in it, and destroy its data key (crypto-shredding):
+    any copy of its rows left elsewhere, a backup included, can no longer be decrypted."""
+    with transaction.atomic():
+        # The checkpoint tree and the branches' fork points protect their rows one by one;
+        # the whole thread goes, so unlink them first and let the cascade do the rest.
+        Thread.objects.filter(pk=thread.pk).update(active_branch=None, head=None)
+        Branch.objects.filter(thread=thread).update(fork_point=None)
+        Checkpoint.objects.filter(thread=thread).update(parent=None)
+        crypto.shred(thread.pk)
+        Thread.objects.filter(pk=thread.pk).delete()
+    _forget_thread(thread.pk)

@@ -9,8 +9,9 @@ from uuid import UUID
 from django.db import connection
 from django.utils import timezone
 
-from checkpoints import codec
+from checkpoints import codec, crypto
 from checkpoints.errors import InvalidState
+from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
 
 MAX_KEY_LENGTH = 128
@@ -19,6 +20,11 @@ MAX_KEY_LENGTH = 128
 def tool_key(tool: str, args: Any) -> str:
     """The cache key of a call: SHA-256 of the tool name and its canonical arguments."""
     return hashlib.sha256(codec.to_canonical_bytes([tool, args])).hexdigest()
+
+
+def result_ad(thread_id: UUID, key: str) -> bytes:
+    """What a sealed tool result is bound to (the same as `ToolResult.result`'s field computes)."""
+    return associated_data("checkpoints_toolresult.result", thread_id, key)
 
 
 def put_tool_result(
@@ -39,12 +45,12 @@ def put_tool_result(
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
-            "VALUES (%s, %s, %s, %s::jsonb, %s, %s) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
             [
                 thread.pk,
                 key,
                 tool[:200],
-                codec.to_canonical_bytes(result).decode(),
+                crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(codec.to_canonical_bytes(result))),
                 checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint,
                 # The clock now, not now(): that is when the transaction began, which
                 # would date a result before checkpoints written earlier in it.

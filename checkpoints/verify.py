@@ -35,16 +35,20 @@ def verify_thread(thread: Thread) -> Iterator[Problem]:
             parent_mac = macs.get(row.parent_id)
             if parent_mac is None:
                 parent_mac = bytes(Checkpoint.objects.values_list("integrity", flat=True).get(pk=row.parent_id))
-        expected = codec.integrity_mac(
-            parent_integrity=parent_mac, checkpoint_id=row.id, thread_id=row.thread_id, branch_id=row.branch_id,
-            parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload), fields=mac_fields(row),
-        )  # fmt: skip
-        stored = bytes(row.integrity)
-        macs[row.id] = stored
-        if expected != stored:
+        macs[row.id] = bytes(row.integrity)
+        if not mac_matches(row, parent_integrity=parent_mac):
             yield Problem(thread.pk, row.id, row.seq, row.branch.name, "row does not match its integrity MAC")
             continue
         try:
             decode_payload(row)
         except ValueError as exc:
             yield Problem(thread.pk, row.id, row.seq, row.branch.name, f"payload does not decode: {exc}")
+
+
+def mac_matches(row: Checkpoint, *, parent_integrity: bytes | None) -> bool:
+    """Whether a stored row still matches its integrity MAC, chained from its parent's MAC."""
+    expected = codec.integrity_mac(
+        parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id, branch_id=row.branch_id,
+        parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload), fields=mac_fields(row),
+    )  # fmt: skip
+    return expected == bytes(row.integrity)

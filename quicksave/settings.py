@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from quicksave.env import ConfigError, envbool, envint, envlist, envstr
+from quicksave.keyring import new_master_key_entry, parse_keyring
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("QUICKSAVE_VAR_DIR", str(BASE_DIR / "var")))
@@ -186,6 +187,21 @@ QUICKSAVE_MAX_REQUEST_BYTES = envint("QUICKSAVE_MAX_REQUEST_BYTES", 32 * 1024 * 
 QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 128 * 1024 * 1024, minimum=0)
 QUICKSAVE_INTEGRITY_KEY = envstr("QUICKSAVE_INTEGRITY_KEY") or SECRET_KEY
 QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0)
+
+# Encryption at rest (checkpoints/crypto.py): master keys that wrap each thread's data key.
+QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
+QUICKSAVE_ENCRYPTION_KEYS = envstr("QUICKSAVE_ENCRYPTION_KEYS")
+if not QUICKSAVE_ENCRYPTION_KEYS:
+    if not DEBUG and envbool("QUICKSAVE_REQUIRE_SECRET_KEY", False):
+        raise ConfigError("QUICKSAVE_ENCRYPTION_KEYS must be set in production")
+    # The embedded default keeps a generated master key under var/, so the demo runs encrypted.
+    keyring_file = VAR_DIR / "encryption_keys"
+    if not keyring_file.exists():
+        VAR_DIR.mkdir(parents=True, exist_ok=True)
+        keyring_file.touch(mode=0o600)
+        keyring_file.write_text(new_master_key_entry("local-1") + "\n")
+    QUICKSAVE_ENCRYPTION_KEYS = keyring_file.read_text().strip()
+parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.
 QUICKSAVE_AGENT_MODULES = envlist("QUICKSAVE_AGENT_MODULES", ["agents.demo"])

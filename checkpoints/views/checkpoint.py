@@ -20,7 +20,7 @@ TOOL_RESULTS_SHOWN = 50
 # Raw JSON beyond this many characters is cut; the API link serves the whole state.
 RAW_CHARS = 1_000_000
 # What the tool-results table reads, without the linked checkpoint's payload.
-_TOOL_RESULT_FIELDS = ("key", "tool", "result", "created_at", "checkpoint__seq", "checkpoint__label")
+_TOOL_RESULT_FIELDS = ("thread", "key", "tool", "result", "created_at", "checkpoint__seq", "checkpoint__label")
 
 
 @viewer_required

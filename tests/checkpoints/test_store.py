@@ -362,6 +362,7 @@ def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agen
             "UPDATE checkpoints_thread SET active_branch_id = NULL, head_id = NULL WHERE id = %s", [thread.pk]
         )
         cursor.execute("DELETE FROM checkpoints_branch WHERE thread_id = %s", [thread.pk])
+        cursor.execute("DELETE FROM checkpoints_threadkey WHERE thread_id = %s", [thread.pk])
         cursor.execute("DELETE FROM checkpoints_thread WHERE id = %s", [thread.pk])
     with pytest.raises(NotFound, match="no longer exists"):
         store.append_checkpoint(thread=thread, parent=None, state={"b": 2})

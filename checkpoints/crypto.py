@@ -1,0 +1,227 @@
+"""Encryption at rest: AES-256-GCM under a data key per thread, wrapped by a master key.
+
+The master keys come from `QUICKSAVE_ENCRYPTION_KEYS`, a keyring of `id:base64-key`
+entries: the first wraps new data keys, every entry unwraps. A thread's data key is
+made with the thread and kept, wrapped, in its own row (`ThreadKey`); the wrapped key
+names its master key's id, so `rotate_keys` can re-wrap data keys under a new master
+key while the service runs, and a process that already opened a data key keeps it.
+
+Every sealed value carries associated data naming its table, field and row, so a
+ciphertext copied into another row or field does not open. Deleting a thread's data
+key (crypto-shredding) leaves every copy of its rows, backups included, unreadable.
+
+A sealed value is framed `0x02 | nonce (12) | ciphertext | tag (16)`; the plain frames
+of `checkpoints.codec` start with 0x00 or 0x01, so rows written before encryption was
+turned on (or by a thread made with it off) still read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from uuid import UUID
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.conf import settings
+from django.utils import timezone
+
+from checkpoints.errors import IntegrityFailure
+from checkpoints.models import ThreadKey
+from quicksave.keyring import MasterKey, parse_keyring
+
+SEALED = 0x02
+NONCE_BYTES = 12
+
+
+class DecryptionFailure(IntegrityFailure):
+    """A sealed value did not open: wrong row or field, altered bytes, or a destroyed key."""
+
+    code = "decryption_failed"
+
+
+@lru_cache(maxsize=4)
+def _keyring(raw: str) -> tuple[MasterKey, ...]:
+    return parse_keyring(raw)
+
+
+def keyring() -> tuple[MasterKey, ...]:
+    return _keyring(settings.QUICKSAVE_ENCRYPTION_KEYS)
+
+
+def _master(key_id: str) -> MasterKey:
+    for key in keyring():
+        if key.id == key_id:
+            return key
+    raise DecryptionFailure(
+        f"The master key {key_id!r} that wraps this thread's data key is not in QUICKSAVE_ENCRYPTION_KEYS; "
+        "keep retired keys in the keyring until `manage.py rotate_keys` has re-wrapped every data key.",
+        detail={"master_key": key_id},
+    )
+
+
+def _wrap_ad(thread_id: UUID) -> bytes:
+    return b"checkpoints_threadkey.wrapped/" + thread_id.bytes
+
+
+def _wrap(master: MasterKey, thread_id: UUID, data_key: bytes) -> bytes:
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + master.aead.encrypt(nonce, data_key, _wrap_ad(thread_id))
+
+
+def _unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
+    try:
+        return master.aead.decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], _wrap_ad(thread_id))
+    except InvalidTag:
+        raise DecryptionFailure(
+            f"Thread {thread_id}'s data key does not unwrap under master key {master.id!r}.",
+            detail={"thread": str(thread_id), "master_key": master.id},
+        ) from None
+
+
+class _DataKeys:
+    """Opened data keys by thread (None: the thread has none and stores plain rows), LRU-bounded."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._keys: OrderedDict[UUID, AESGCM | None] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, thread_id: UUID, load: Callable[[], AESGCM | None]) -> AESGCM | None:
+        with self._lock:
+            if thread_id in self._keys:
+                self._keys.move_to_end(thread_id)
+                return self._keys[thread_id]
+        found = load()
+        self.put(thread_id, found)
+        return found
+
+    def put(self, thread_id: UUID, key: AESGCM | None) -> None:
+        with self._lock:
+            self._keys[thread_id] = key
+            while len(self._keys) > self._size:
+                self._keys.popitem(last=False)
+
+    def drop(self, thread_id: UUID) -> None:
+        with self._lock:
+            self._keys.pop(thread_id, None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._keys.clear()
+
+
+_data_keys = _DataKeys()
+
+
+def create_thread_key(thread_id: UUID) -> None:
+    """Give a new thread its data key (inside the transaction creating the thread), unless
+    encryption is off (`QUICKSAVE_ENCRYPT=false`), in which case its rows are stored plain."""
+    if not settings.QUICKSAVE_ENCRYPT:
+        _data_keys.put(thread_id, None)
+        return
+    master = keyring()[0]
+    data_key = AESGCM.generate_key(bit_length=256)
+    ThreadKey.objects.create(thread_id=thread_id, master_key_id=master.id, wrapped=_wrap(master, thread_id, data_key))
+    _data_keys.put(thread_id, AESGCM(data_key))
+
+
+def _load(thread_id: UUID) -> AESGCM | None:
+    row = ThreadKey.objects.filter(thread_id=thread_id).values_list("master_key_id", "wrapped").first()
+    if row is None:
+        return None
+    return AESGCM(_unwrap(_master(row[0]), thread_id, bytes(row[1])))
+
+
+def data_key(thread_id: UUID) -> AESGCM | None:
+    return _data_keys.get(thread_id, lambda: _load(thread_id))
+
+
+def seal(thread_id: UUID, ad: bytes, framed: bytes) -> bytes:
+    """Encrypt a codec-framed value under the thread's data key, bound to `ad`; plain if it has none."""
+    key = data_key(thread_id)
+    if key is None:
+        return framed
+    nonce = os.urandom(NONCE_BYTES)
+    return bytes((SEALED,)) + nonce + key.encrypt(nonce, framed, ad)
+
+
+def is_sealed(blob: bytes) -> bool:
+    return len(blob) > 0 and blob[0] == SEALED
+
+
+def unseal(thread_id: UUID, ad: bytes, blob: bytes) -> bytes:
+    """The codec-framed value inside `blob` (returned as is when it was stored plain)."""
+    if not is_sealed(blob):
+        return blob
+    key = data_key(thread_id)
+    if key is None:
+        raise DecryptionFailure(
+            f"Thread {thread_id} has no data key: it was deleted (crypto-shredded), so its rows cannot be read.",
+            detail={"thread": str(thread_id)},
+        )
+    try:
+        return key.decrypt(blob[1 : 1 + NONCE_BYTES], blob[1 + NONCE_BYTES :], ad)
+    except InvalidTag:
+        raise DecryptionFailure(
+            f"A value of thread {thread_id} does not decrypt: it was altered or moved from another row or field.",
+            detail={"thread": str(thread_id)},
+        ) from None
+
+
+def shred(thread_id: UUID) -> None:
+    """Destroy a thread's data key; call it in the transaction deleting the thread."""
+    ThreadKey.objects.filter(thread_id=thread_id).delete()
+    _data_keys.drop(thread_id)
+
+
+def forget_keys() -> None:
+    """Drop every opened data key from this process (tests use it to force a reload)."""
+    _data_keys.clear()
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    rewrapped: int
+    current: int
+    total: int
+
+
+def stale_key_count() -> int:
+    return ThreadKey.objects.exclude(master_key_id=keyring()[0].id).count()
+
+
+def rotate(*, batch: int = 500, progress: Callable[[Rotation], None] | None = None) -> Rotation:
+    """Re-wrap every data key not under the keyring's first master key, `batch` rows per transaction.
+
+    Data keys themselves do not change, so no sealed row is rewritten and processes that
+    opened a key keep using it. Rows locked by another rotation are skipped, then retried.
+    """
+    from django.db import transaction
+
+    primary = keyring()[0]
+    total = ThreadKey.objects.count()
+    stale = stale_key_count()
+    rewrapped = 0
+    while True:
+        with transaction.atomic():
+            rows = list(
+                ThreadKey.objects.exclude(master_key_id=primary.id)
+                .select_for_update(skip_locked=True)
+                .order_by("thread_id")[:batch]
+            )
+            for row in rows:
+                data = _unwrap(_master(row.master_key_id), row.thread_id, bytes(row.wrapped))
+                row.master_key_id, row.wrapped = primary.id, _wrap(primary, row.thread_id, data)
+                row.rotated_at = timezone.now()
+            ThreadKey.objects.bulk_update(rows, ["master_key_id", "wrapped", "rotated_at"])
+        rewrapped += len(rows)
+        if progress is not None:
+            progress(Rotation(rewrapped=rewrapped, current=total - stale + rewrapped, total=total))
+        if not rows:
+            break
+    return Rotation(rewrapped=rewrapped, current=total - stale_key_count(), total=total)

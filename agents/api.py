@@ -19,6 +19,7 @@ from agents import runs
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run, RunStatus
 from approvals.serializers import ApprovalSchemaSerializer, approval_data
+from quicksave.api import StrictSerializer
 
 MAX_WAIT_SECONDS = 30
 
@@ -73,12 +74,12 @@ class RunSchemaSerializer(serializers.Serializer[Any]):
 RUN_ENVELOPE = inline_serializer("RunEnvelope", {"run": RunSchemaSerializer()})
 
 
-class ClaimSerializer(serializers.Serializer[Any]):
+class ClaimSerializer(StrictSerializer):
     agent = serializers.SlugField(required=False, max_length=64)
     wait = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_SECONDS)
 
 
-class FailSerializer(serializers.Serializer[Any]):
+class FailSerializer(StrictSerializer):
     error = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
 
 

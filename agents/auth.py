@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
 from agents.keys import KEY_PREFIX, find_agent_key
 from agents.models import Agent, AgentKey
+from approvals.audit import client_address
+from quicksave import throttle
 
 
 class AgentPrincipal:
@@ -32,6 +35,16 @@ class AgentPrincipal:
         return False
 
 
+class AuthenticationThrottled(exceptions.Throttled):
+    """429 for an address past QUICKSAVE_AUTH_FAILURES_PER_MINUTE failed keys (quicksave/throttle.py)."""
+
+    default_detail = "Too many failed authentications from your address."
+
+    def __init__(self, wait: int) -> None:
+        super().__init__(wait)  # the message ends "Expected available in N seconds."; Retry-After says N too
+        self.extra = {"retry_after": wait}
+
+
 class AgentKeyAuthentication(authentication.BaseAuthentication):
     keyword = "Bearer"
 
@@ -45,8 +58,21 @@ class AgentKeyAuthentication(authentication.BaseAuthentication):
             return None  # not ours: leave it to another authenticator
         key = find_agent_key(token)
         if key is None:
+            wait = throttle.note_failure(client_address(request))
+            if wait is not None:
+                raise AuthenticationThrottled(wait)
             raise exceptions.AuthenticationFailed("The API key is unknown or has been revoked.")
         return AgentPrincipal(key), key
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class AgentKeyScheme(OpenApiAuthenticationExtension):  # type: ignore[no-untyped-call]  # untyped base
+    """Documents agent keys in /api/schema/ as an HTTP bearer scheme."""
+
+    target_class = AgentKeyAuthentication
+    name = "agentKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "An agent key: `Bearer qs_<prefix>_<secret>`."}

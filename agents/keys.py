@@ -14,10 +14,12 @@ import threading
 import time
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
 from agents.models import Agent, AgentKey
+from approvals import audit
 
 KEY_PREFIX = "qs_"
 
@@ -27,11 +29,25 @@ def _hash_secret(secret: str) -> str:
 
 
 @transaction.atomic
-def create_agent_key(*, agent: Agent, label: str = "") -> tuple[AgentKey, str]:
-    """Issue a key for `agent`; returns the row and the plaintext key (never stored)."""
+def create_agent_key(
+    *,
+    agent: Agent,
+    label: str = "",
+    actor: User | None = None,
+    actor_name: str | None = None,
+    address: str | None = None,
+) -> tuple[AgentKey, str]:
+    """Issue a key for `agent`; returns the row and the plaintext key (never stored).
+
+    `actor`/`actor_name` say who asked, for the audit trail (neither: Quicksave itself).
+    """
     prefix = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     key = AgentKey.objects.create(agent=agent, prefix=prefix, secret_hash=_hash_secret(secret), label=label)
+    audit.record(
+        actor=actor, actor_name=actor_name, action="agent_key.create", target_type="agent_key", target_id=prefix,
+        after={"agent": agent.name, "prefix": prefix, "label": label}, address=address,
+    )  # fmt: skip
     return key, f"{KEY_PREFIX}{prefix}_{secret}"
 
 
@@ -72,8 +88,18 @@ def _lookup(raw: str) -> AgentKey | None:
     return key
 
 
-def revoke_agent_key(*, key: AgentKey) -> None:
-    AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+@transaction.atomic
+def revoke_agent_key(
+    *, key: AgentKey, actor: User | None = None, actor_name: str | None = None, address: str | None = None
+) -> None:
+    """Revoke `key` (a key already revoked stays as it was, and no second audit entry is written)."""
+    revoked_at = timezone.now()
+    if AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=revoked_at):
+        audit.record(
+            actor=actor, actor_name=actor_name, action="agent_key.revoke", target_type="agent_key",
+            target_id=key.prefix, before={"agent": key.agent.name, "revoked_at": None},
+            after={"agent": key.agent.name, "revoked_at": revoked_at.isoformat()}, address=address,
+        )  # fmt: skip
     with _recent_lock:
         for token_hash in [h for h, (cached, _) in _recent.items() if cached.pk == key.pk]:
             del _recent[token_hash]

@@ -103,6 +103,15 @@ class Agent:
         return state
 
 
+class LoopAgent(Agent):
+    """An agent that runs its own loop and writes its own checkpoints (a LangGraph graph):
+    the runtime hands it the whole run instead of stepping it."""
+
+    def drive(self, run: Run, thread: Thread) -> str:
+        """Carry the run out; return "done", "failed", "suspended" or "stale" as `execute` does."""
+        raise NotImplementedError
+
+
 _registry: dict[str, type[Agent]] = {}
 
 
@@ -182,6 +191,8 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
     if agent_class is None:
         raise RuntimeError(f"No in-process agent is registered as {thread.agent.name!r}")
     agent = agent_class()
+    if isinstance(agent, LoopAgent):
+        return agent.drive(run, thread)
     start = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
     if run.attempts > 1:
         # An earlier attempt died holding this run after checkpointing past the run's
@@ -198,11 +209,11 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
             finished = _FINISHED.get(latest.status)
             if finished is not None:
                 return finished
-    state = agent.upcast(store.state_at(start), start.schema_version)
+    state = agent.upcast(store.state_at(start, hot=True), start.schema_version)
     ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0)
     if run.approval_id and start.pk == run.checkpoint_id:
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
-        ctx.decision = _decision(approval)
+        ctx.decision = decision_for(approval)
         ctx._decided_action = approval.action
 
     for _ in range(max_steps):
@@ -267,7 +278,8 @@ def _suspend(ctx: Context, needed: _ApprovalNeeded) -> None:
     ctx.head = checkpoint.pk
 
 
-def _decision(approval: ApprovalRequest) -> Decision:
+def decision_for(approval: ApprovalRequest) -> Decision:
+    """What a person (or the expiry) decided on an approval that is no longer pending."""
     approved = approval.status == ApprovalStatus.APPROVED or (
         approval.status == ApprovalStatus.EXPIRED and approval.decided_args is not None
     )

@@ -72,6 +72,7 @@ class ThreadApprovalsView(APIView):
 
 class ApprovalListView(APIView):
     @extend_schema(
+        operation_id="v1_approvals_list",
         parameters=[ApprovalListQuerySerializer],
         responses=inline_serializer(
             "ApprovalPage",

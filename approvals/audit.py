@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import getpass
+import os
 from typing import Any
 
 from django.contrib.auth.models import User
@@ -18,6 +20,14 @@ def client_address(request: HttpRequest | None) -> str | None:
     return request.META.get("REMOTE_ADDR") or None
 
 
+def cli_actor_name() -> str:
+    """Who ran a management command, as the audit trail names them: `cli:<os user>`."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no login name and no passwd entry (a bare container)
+        return f"cli:uid-{os.getuid()}"
+
+
 def record(
     *,
     actor: User | None,
@@ -29,9 +39,13 @@ def record(
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
     address: str | None = None,
+    actor_name: str | None = None,
 ) -> AuditEntry:
+    """Write one entry. `actor_name` names an actor who is not a user (`cli:<os user>`);
+    with neither, the actor is Quicksave itself."""
+    name = actor_name or (actor.get_username() if actor else "quicksave")
     return AuditEntry.objects.create(
-        actor=actor, actor_name=actor.get_username() if actor else "quicksave", action=action,
+        actor=actor, actor_name=name, action=action,
         target_type=target_type, target_id=str(target_id), thread=thread, reason=reason,
         before=before or {}, after=after or {}, address=address,
     )  # fmt: skip

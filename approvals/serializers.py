@@ -7,6 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from approvals.models import ApprovalRequest, ApprovalStatus, Risk
+from quicksave.api import StrictSerializer
 
 
 def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
@@ -63,7 +64,7 @@ class ApprovalSchemaSerializer(serializers.Serializer[Any]):
     decision = DecisionSchemaSerializer(allow_null=True)
 
 
-class ApprovalCreateSerializer(serializers.Serializer[Any]):
+class ApprovalCreateSerializer(StrictSerializer):
     checkpoint = serializers.UUIDField()
     action = serializers.CharField(max_length=200)
     args = serializers.JSONField(required=False, default=dict)
@@ -72,7 +73,7 @@ class ApprovalCreateSerializer(serializers.Serializer[Any]):
     expires_at = serializers.DateTimeField(required=False, allow_null=True, default=None)
 
 
-class DecisionSerializer(serializers.Serializer[Any]):
+class DecisionSerializer(StrictSerializer):
     decision = serializers.ChoiceField(choices=["approve", "reject"])
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
     args = serializers.JSONField(required=False, default=None, help_text="Edited args (approve only).")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -153,6 +154,13 @@ def ratio_lines(results: Sequence[Result]) -> list[str]:
                 ),
             ]
             lines.append(f"  {r.name} vs {base_name}: " + ", ".join(parts))
+    plain, sealed = by_name.get("quicksave"), by_name.get("quicksave_encrypted")
+    if plain and sealed:
+        lines.append(
+            f"  encryption at rest: {sealed.cps:.0f} vs {plain.cps:.0f} checkpoints/s "
+            f"({sealed.cps / plain.cps:.0%} of the unencrypted rate; target >= 70%), "
+            f"{sealed.bytes_per_cp:.0f} vs {plain.bytes_per_cp:.0f} bytes per checkpoint"
+        )
     return lines
 
 
@@ -167,9 +175,13 @@ def summary(steps: int, results: Sequence[Result], smallest: Sequence[Result] = 
     qs = by_name.get("quicksave")
     http = by_name.get("quicksave_http")
     out["latest_read_ms"] = round(qs.latest_read_ms, 3) if qs else None
+    # The same read with the head's state in Redis (the hot path every other process takes).
+    out["latest_read_hot_ms"] = qs.extra.get("latest_read_hot_ms") if qs else None
     out["state_at_ms"] = round(qs.state_at_ms, 3) if qs else None
     out["http_cps"] = round(http.cps, 1) if http else None
     out["http_p99_ms"] = http.extra.get("p99_ms") if http else None
+    sealed = by_name.get("quicksave_encrypted")
+    out["encrypted_over_plain_cps"] = round(sealed.cps / qs.cps, 3) if qs and sealed else None
     small = {r.name: r for r in smallest}.get("quicksave")
     key = f"rate_{steps}_over_{small.steps}" if small else "rate_1000_over_100"
     out[key] = round(qs.cps / small.cps, 3) if qs and small and small.steps != steps else None
@@ -179,12 +191,17 @@ def summary(steps: int, results: Sequence[Result], smallest: Sequence[Result] = 
         out[f"{name}_bytes_per_cp"] = None
     for r in results:
         k = _key(r.name)
-        out[f"{k}_cps"] = round(r.cps, 1)
-        out[f"{k}_bytes_per_cp"] = round(r.bytes_per_cp, 1)
-        out[f"{k}_latest_read_ms"] = round(r.latest_read_ms, 3)
-        out[f"{k}_state_at_ms"] = round(r.state_at_ms, 3)
-        out[f"{k}_history_ms"] = round(r.history_ms, 3)
+        out[f"{k}_cps"] = _figure(r.cps, 1)
+        out[f"{k}_bytes_per_cp"] = _figure(r.bytes_per_cp, 1)
+        out[f"{k}_latest_read_ms"] = _figure(r.latest_read_ms, 3)
+        out[f"{k}_state_at_ms"] = _figure(r.state_at_ms, 3)
+        out[f"{k}_history_ms"] = _figure(r.history_ms, 3)
     return out
+
+
+def _figure(value: float, digits: int) -> float | None:
+    """A rounded figure, or None (JSON null) for one not measured (NaN is not JSON)."""
+    return round(value, digits) if math.isfinite(value) else None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -224,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(line)
 
     largest = max(sizes)
-    print(json.dumps(summary(largest, all_results[largest], all_results[min(sizes)])))
+    print(json.dumps(summary(largest, all_results[largest], all_results[min(sizes)]), allow_nan=False))
     return 0
 
 

@@ -25,7 +25,9 @@ from urllib.parse import urlsplit, urlunsplit
 from bench.peers import Result, ensure_bench_database, median_ms, server_url, window_cps, workload
 
 ROOT = Path(__file__).resolve().parent.parent
-TABLES = ("checkpoints_checkpoint", "checkpoints_event", "checkpoints_thread", "checkpoints_branch")
+TABLES = (
+    "checkpoints_checkpoint", "checkpoints_event", "checkpoints_thread", "checkpoints_branch", "checkpoints_threadkey",
+)  # fmt: skip
 READS = 21
 
 
@@ -33,6 +35,19 @@ def bench_database_url() -> str:
     ensure_bench_database()
     parts = urlsplit(server_url())
     return urlunsplit((parts.scheme, parts.netloc, "/quicksave_bench", parts.query, ""))
+
+
+def bench_redis_url() -> str:
+    """REDIS_URL for the hot path: the environment's, else a local server on 6379 if one answers."""
+    import redis
+
+    url = os.environ.get("BENCH_REDIS_URL") or "redis://127.0.0.1:6379/15"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=0.5).ping()
+    except redis.RedisError:
+        print(f"[note] no Redis at {url}: the hot-path read is not measured", flush=True)
+        return ""
+    return url
 
 
 def setup_django() -> None:
@@ -43,6 +58,7 @@ def setup_django() -> None:
     if settings.configured:
         return
     os.environ["DATABASE_URL"] = bench_database_url()
+    os.environ.setdefault("REDIS_URL", bench_redis_url())
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "quicksave.settings")
     django.setup()
     from django.core.management import call_command
@@ -74,26 +90,43 @@ def _bytes() -> int:
 def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t0: float,
            stamps: list[float], extra: dict[str, Any]) -> Result:  # fmt: skip
     """Latest-state, random state-at and history timings, each from a cold cache like a fresh reader."""
-    from checkpoints import selectors, store
+    from django.test import override_settings
+
+    from checkpoints import crypto, hotcache, selectors, store
 
     work = list(workload(steps))
 
     def latest() -> dict[str, Any]:
         store.clear_caches()
+        crypto.forget_keys()
         return store.latest_state(thread=thread)[1]
 
-    state = latest()
-    assert state["step"] == steps and len(state["messages"]) == steps
-    assert state["messages"][-1] == work[-1].message and state["facts"] == work[-1].facts
-    latest_ms = median_ms(latest, READS)
+    with override_settings(QUICKSAVE_HOT_TTL_SECONDS=0):  # from PostgreSQL alone: no Redis
+        state = latest()
+        assert state["step"] == steps and len(state["messages"]) == steps
+        assert state["messages"][-1] == work[-1].message and state["facts"] == work[-1].facts
+        latest_ms = median_ms(latest, READS)
     store.latest_state(thread=thread)
     warm_ms = median_ms(lambda: store.latest_state(thread=thread), READS)
+    hot: dict[str, Any] = {}
+    if hotcache.enabled():
+        # A process that has materialised nothing, with the head's state in Redis (the first
+        # read put it there): what every other server process and a restarted one see.
+        def latest_hot() -> dict[str, Any]:
+            store.clear_caches()
+            crypto.forget_keys()
+            return store.latest_state(thread=thread)[1]
+
+        assert latest_hot() == state
+        hot["latest_read_hot_ms"] = round(median_ms(latest_hot, READS), 3)
+        assert hotcache.status()["status"] == "ok", hotcache.status()
 
     rng = random.Random(steps)
     samples = []
     for _ in range(READS):
         k = rng.randint(1, steps - 1)
         store.clear_caches()
+        crypto.forget_keys()
         started = time.perf_counter()
         at = store.state_at(written[k])
         samples.append((time.perf_counter() - started) * 1000)
@@ -104,18 +137,22 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
     return Result(
         name=name, steps=steps, cps=cps, bytes_per_cp=_bytes() / steps, latest_read_ms=latest_ms,
         state_at_ms=statistics.median(samples), history_ms=history_ms,
-        extra={**extra, **window_cps(t0, stamps), "latest_read_warm_ms": round(warm_ms, 3)},
+        extra={**extra, **window_cps(t0, stamps), "latest_read_warm_ms": round(warm_ms, 3), **hot},
     )  # fmt: skip
 
 
-def run_store(steps: int, *, full_state: bool) -> Result:
-    """Write the workload through `store.append_checkpoint`, by patch or by full state."""
+def run_store(steps: int, *, full_state: bool, encrypted: bool = False) -> Result:
+    """Write the workload through `store.append_checkpoint`, by patch or by full state, into a
+    thread with a data key (every payload sealed with AES-256-GCM) or without one."""
     setup_django()
+    from django.test import override_settings
+
     from checkpoints import store
     from checkpoints.models import Checkpoint, PayloadKind
 
     agent = _reset()
-    thread, _ = store.create_thread(agent=agent)
+    with override_settings(QUICKSAVE_ENCRYPT=encrypted):
+        thread, _ = store.create_thread(agent=agent)
     work = list(workload(steps))
     state: dict[str, Any] = {"messages": [], "step": 0, "facts": {}}
     parent = store.append_checkpoint(thread=thread, parent=None, state=state, step=0)
@@ -140,7 +177,7 @@ def run_store(steps: int, *, full_state: bool) -> Result:
     cps = steps / (stamps[-1] - t0)
     snapshots = Checkpoint.objects.filter(thread=thread, kind=PayloadKind.SNAPSHOT).count()
     thread.refresh_from_db()
-    name = "quicksave_full_state" if full_state else "quicksave"
+    name = "quicksave_full_state" if full_state else "quicksave_encrypted" if encrypted else "quicksave"
     return _reads(thread, written, steps, name, cps, t0, stamps, {"snapshots": snapshots})
 
 
@@ -222,4 +259,9 @@ def run_http(steps: int) -> Result:
 
 
 def run_quicksave(steps: int) -> list[Result]:
-    return [run_store(steps, full_state=False), run_store(steps, full_state=True), run_http(steps)]
+    return [
+        run_store(steps, full_state=False),
+        run_store(steps, full_state=False, encrypted=True),
+        run_store(steps, full_state=True),
+        run_http(steps),
+    ]

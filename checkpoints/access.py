@@ -93,3 +93,10 @@ def check_can_cancel(principal: Any) -> User:
     if not isinstance(principal, User) or not principal.has_perm("checkpoints.cancel_thread"):
         raise Forbidden("Cancelling or resuming a thread needs the admin role.")
     return principal
+
+
+def check_can_delete(principal: Any) -> User:
+    """The person who may delete threads (the admin role); 403 for anyone else."""
+    if not isinstance(principal, User) or not principal.has_perm("checkpoints.delete_thread"):
+        raise Forbidden("Deleting a thread needs the admin role.")
+    return principal

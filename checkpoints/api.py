@@ -7,10 +7,13 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
 from rest_framework.pagination import CursorPagination
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -18,9 +21,10 @@ from rest_framework.views import APIView
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run
 from approvals.audit import client_address
-from checkpoints import forks, selectors, store
+from checkpoints import export, forks, selectors, store
 from checkpoints.access import (
     check_can_cancel,
+    check_can_delete,
     check_can_fork,
     check_can_write,
     get_checkpoint_for,
@@ -71,7 +75,13 @@ class ThreadPagination(CursorPagination):
 
 
 class ThreadListView(APIView):
-    @extend_schema(parameters=[ThreadListQuerySerializer], responses=ThreadSerializer(many=True))
+    @extend_schema(
+        operation_id="v1_threads_list",
+        parameters=[ThreadListQuerySerializer],
+        responses=inline_serializer(
+            "ThreadPage", {"results": ThreadSerializer(many=True), "next": serializers.URLField(allow_null=True)}
+        ),
+    )
     def get(self, request: Request) -> Response:
         params = _query(ThreadListQuerySerializer, request)
         try:
@@ -130,9 +140,56 @@ class ThreadDetailView(APIView):
         thread = get_thread_for(request.user, thread_id)
         return Response(_thread_detail(thread.pk))
 
+    @extend_schema(request=ThreadActionSerializer, responses={204: None})
+    def delete(self, request: Request, thread_id: uuid.UUID) -> Response:
+        """Delete the thread with everything in it and destroy its data key (admins only; a reason is required)."""
+        thread = get_thread_for(request.user, thread_id)
+        user = check_can_delete(request.user)
+        data = _body(ThreadActionSerializer, request)
+        forks.delete(thread=thread, user=user, reason=data["reason"], address=client_address(request))
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class JSONLinesRenderer(JSONRenderer):
+    """Lets a client ask for `application/x-ndjson`; an error still goes out as one JSON line."""
+
+    media_type = export.CONTENT_TYPE
+    format = "jsonl"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        return super().render(data, accepted_media_type, renderer_context) + b"\n"
+
+
+class ThreadExportView(APIView):
+    """The thread's trajectory as JSON Lines, streamed; the format is described in checkpoints/export.py."""
+
+    renderer_classes = [JSONRenderer, JSONLinesRenderer]
+
+    @extend_schema(
+        responses={
+            (200, export.CONTENT_TYPE): OpenApiResponse(
+                OpenApiTypes.STR,
+                description="JSON Lines: a `thread` header, one `checkpoint` line per checkpoint (parents first, "
+                "with `state` for a stored snapshot or `patch` for a stored delta), then `end`. A row that fails "
+                "its integrity check ends the stream with an `error` line instead of `end`.",
+            )
+        },
+    )
+    def get(self, request: Request, thread_id: uuid.UUID) -> StreamingHttpResponse:
+        thread = get_thread_for(request.user, thread_id)
+        response = StreamingHttpResponse(export.export_lines(thread), content_type=export.CONTENT_TYPE)
+        response["Content-Disposition"] = f'attachment; filename="{export.filename(thread)}"'
+        return response
+
 
 class CheckpointListView(APIView):
-    @extend_schema(parameters=[CheckpointListQuerySerializer], responses=CheckpointSummarySerializer(many=True))
+    @extend_schema(
+        parameters=[CheckpointListQuerySerializer],
+        responses=inline_serializer(
+            "CheckpointPage",
+            {"results": CheckpointSummarySerializer(many=True), "next": serializers.URLField(allow_null=True)},
+        ),
+    )
     def get(self, request: Request, thread_id: uuid.UUID) -> Response:
         thread = get_thread_for(request.user, thread_id)
         params = _query(CheckpointListQuerySerializer, request)

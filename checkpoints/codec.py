@@ -66,14 +66,19 @@ def encode(canonical: bytes) -> bytes:
     return RAW + canonical
 
 
-def decode(blob: bytes | memoryview) -> Any:
+def unframe(blob: bytes | memoryview) -> bytes:
+    """The canonical JSON bytes inside a frame made by `encode`."""
     data = bytes(blob)
     tag, body = data[:1], data[1:]
     if tag == ZLIB:
-        body = zlib.decompress(body)
-    elif tag != RAW:
+        return zlib.decompress(body)
+    if tag != RAW:
         raise ValueError(f"unknown payload encoding {tag!r}")
-    return json.loads(body)
+    return body
+
+
+def decode(blob: bytes | memoryview) -> Any:
+    return json.loads(unframe(blob))
 
 
 @lru_cache(maxsize=4)

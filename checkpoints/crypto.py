@@ -150,14 +150,14 @@ def seal(thread_id: UUID, ad: bytes, framed: bytes) -> bytes:
     return bytes((SEALED,)) + nonce + key.encrypt(nonce, framed, ad)
 
 
-def is_sealed(blob: bytes) -> bool:
+def is_sealed(blob: bytes | memoryview) -> bool:
     return len(blob) > 0 and blob[0] == SEALED
 
 
-def unseal(thread_id: UUID, ad: bytes, blob: bytes) -> bytes:
+def unseal(thread_id: UUID, ad: bytes, blob: bytes | memoryview) -> bytes:
     """The codec-framed value inside `blob` (returned as is when it was stored plain)."""
     if not is_sealed(blob):
-        return blob
+        return bytes(blob)
     key = data_key(thread_id)
     if key is None:
         raise DecryptionFailure(

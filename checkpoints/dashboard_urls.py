@@ -15,4 +15,6 @@ urlpatterns = [
     path("checkpoints/<uuid:checkpoint_id>/rerun/", actions.rerun_checkpoint, name="rerun"),
     path("threads/<uuid:thread_id>/cancel/", actions.cancel_thread, name="cancel"),
     path("threads/<uuid:thread_id>/resume/", actions.resume_thread, name="resume"),
+    path("threads/<uuid:thread_id>/delete/", actions.delete_thread, name="delete"),
+    path("threads/<uuid:thread_id>/blobs/<str:sha256>/", checkpoint.blob_download, name="blob"),
 ]

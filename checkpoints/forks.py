@@ -5,6 +5,7 @@ Each action is one transaction that also writes its Event and its AuditEntry. A 
 new branch whose first checkpoint (source `human`) follows the chosen checkpoint, and moves the
 thread's head onto it. Older branches stay as they are: an agent still writing one lands there
 (or gets StaleParent), never on the new branch, because a write follows its parent's branch.
+A fork at a checkpoint LangGraph wrote is itself a LangGraph checkpoint (checkpoints.langgraph_forks).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
 from checkpoints import codec, store
-from checkpoints.access import check_can_cancel, check_can_fork
+from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
 from checkpoints.errors import InvalidPatch, InvalidState
 from checkpoints.jsonpatch import PatchError, apply_patch, validate_ops
+from checkpoints.langgraph_forks import langgraph_fork
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, Thread, ThreadStatus
 from quicksave.errors import DomainError
 
@@ -177,7 +179,14 @@ def _fork(
     check_can_fork(user)
     reason = _reason(reason)
     name = _branch_name(branch)
-    ops, _ = _edited_state(checkpoint, patch)
+    ops, edited = _edited_state(checkpoint, patch)
+    # A checkpoint LangGraph wrote forks into a LangGraph checkpoint, so the graph runs on from it.
+    as_langgraph = langgraph_fork(source=checkpoint, before=store.load_node(checkpoint.pk).state, after=edited)
+    written_ops, step, langgraph_metadata = (
+        (ops + as_langgraph.ops, as_langgraph.step, as_langgraph.metadata)
+        if as_langgraph
+        else (ops, checkpoint.step, {})
+    )
     carry = _carried(carry_approval, thread_id=checkpoint.thread_id, resume=resume)
     source_branch = store.get_branch_name(checkpoint.branch_id)
     status = CheckpointStatus.RUNNING if resume else CheckpointStatus.PAUSED
@@ -201,10 +210,10 @@ def _fork(
             thread.active_branch = new_branch
             thread.save(update_fields=["active_branch"])
             created = store.append_checkpoint(
-                thread=thread, parent=checkpoint, patch=ops, branch=name, step=checkpoint.step,
+                thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
                 label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
                 metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
-                          "edits": len(ops)},
+                          "edits": len(ops), **langgraph_metadata},
                 schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
             )  # fmt: skip
             run = (
@@ -298,6 +307,37 @@ def cancel(*, thread: Thread, user: User, reason: str, address: str | None = Non
         )  # fmt: skip
         locked.status = ThreadStatus.CANCELLED
     return locked
+
+
+def delete_refusal(thread: Thread) -> str | None:
+    """Why `thread` cannot be deleted now, or None if it can."""
+    if Run.objects.filter(thread=thread, status=RunStatus.RUNNING).exists():
+        return "A worker is running this thread's agent right now; cancel the thread and wait for the step to end."
+    return None
+
+
+def delete(*, thread: Thread, user: User, reason: str, address: str | None = None) -> None:
+    """Delete a thread with every checkpoint, approval and run, and shred its data key.
+
+    The audit entry stays (it outlives the thread by design) and records what was deleted.
+    """
+    check_can_delete(user)
+    reason = _reason(reason)
+    with transaction.atomic():
+        locked = _locked(thread.pk)
+        refusal = delete_refusal(locked)
+        if refusal:
+            raise InvalidThreadStatus(refusal, detail={"status": locked.status})
+        before = {
+            **_thread_summary(locked), "agent": locked.agent.name, "external_id": locked.external_id,
+            "checkpoints": Checkpoint.objects.filter(thread=locked).count(),
+            "branches": Branch.objects.filter(thread=locked).count(),
+        }  # fmt: skip
+        audit.record(
+            actor=user, action="thread.delete", target_type="thread", target_id=locked.pk, reason=reason,
+            before=before, after={"deleted": True, "data_key": "destroyed"}, address=address,
+        )  # fmt: skip
+        store.delete_thread(locked)
 
 
 def plan_branch_name(thread: Thread | UUID) -> str:

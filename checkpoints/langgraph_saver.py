@@ -30,6 +30,11 @@ append-only, so those rows' keys also hash the value and reads keep the newest r
 dedicated table would index them better; the models of `checkpoints` are not this module's
 to change, and a new app needs a settings change, so this is the honest fit for now.
 
+An `__interrupt__` write in the root namespace files a pending approval on the thread
+(checkpoints.langgraph_interrupts), once per interrupt; a decision queues a run that the
+worker carries out by resuming the graph (agents.langgraph_runner). LangGraph may save those
+writes while the checkpoint's own put is still running; then the put files them.
+
 Deleting (`delete_thread`, `prune`, `delete_for_runs`) removes whole Quicksave threads:
 checkpoints are immutable links in an integrity chain, so removing some of them rebuilds the
 thread from the checkpoints that stay (a new Quicksave thread id, same external id).
@@ -41,6 +46,7 @@ import base64
 import functools
 import hashlib
 import math
+import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import Any, ParamSpec, TypeVar, cast
 from uuid import UUID
@@ -62,10 +68,11 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
 from agents.keys import get_or_create_agent
 from agents.models import Agent
-from checkpoints import codec, store
+from checkpoints import codec, langgraph_interrupts, store
 from checkpoints.errors import StaleParent
 from checkpoints.ids import new_id
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
@@ -117,10 +124,19 @@ def external_id_for(thread_id: str, checkpoint_ns: str) -> str:
 class QuicksaveSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer that writes through the Quicksave checkpoint store."""
 
-    def __init__(self, *, agent: str = "langgraph", serde: SerializerProtocol | None = None) -> None:
+    def __init__(
+        self, *, agent: str = "langgraph", serde: SerializerProtocol | None = None, approvals: bool = True
+    ) -> None:
+        """`agent` names the Quicksave agent the threads belong to (register the graph under the
+        same name for the worker to resume it); `approvals=False` keeps interrupts out of the inbox."""
         super().__init__(serde=serde)
         self.agent_name = agent
+        self.approvals = approvals
         self._agent: Agent | None = None
+        # Interrupts whose checkpoint was not written yet, by (Quicksave thread, LangGraph id):
+        # put() files them. The lock orders put()'s look against put_writes()' note.
+        self._unfiled: dict[tuple[UUID, str], list[tuple[str, Sequence[tuple[str, Any]]]]] = {}
+        self._unfiled_lock = threading.Lock()
 
     # ------------------------------------------------------------------ encoding
 
@@ -138,6 +154,14 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         if kind is dict and TYPED not in value and all(type(key) is str and "\x00" not in key for key in value):
             return {key: self._encode(item) for key, item in value.items()}
         return self._envelope(value)
+
+    def to_json(self, value: Any) -> Any:
+        """`value` in the JSON-safe form the saver stores it in (approvals keep interrupt args so)."""
+        return self._encode(value)
+
+    def from_json(self, value: Any) -> Any:
+        """The value `to_json` stored."""
+        return self._decode(value)
 
     def _envelope(self, value: Any) -> dict[str, list[str]]:
         type_, data = self.serde.dumps_typed(value)
@@ -307,6 +331,11 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 lg_metadata=lg_metadata,
                 state=state,
             )
+        if self._unfiled:
+            with self._unfiled_lock:
+                unfiled = self._unfiled.pop((thread.pk, checkpoint["id"]), [])
+            for task_id, writes in unfiled:
+                self._interrupted(thread, checkpoint["id"], task_id, writes)
         return _config(thread_id, checkpoint_ns, checkpoint["id"])
 
     def _append(
@@ -385,6 +414,31 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                         "lg_id": lg_id, "task_id": task_id, "task_path": task_path, "idx": idx,
                         "channel": channel, "value": encoded,
                     },
+                )  # fmt: skip
+        if self.approvals and not configurable.get("checkpoint_ns") and any(c == INTERRUPT for c, _ in writes):
+            self._interrupted(thread, lg_id, task_id, writes)
+
+    def _interrupted(self, thread: Thread, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]) -> None:
+        """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved
+        the writes before the checkpoint itself (it does both at once under async durability)."""
+        with self._unfiled_lock:
+            row = Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_id).values_list("id", flat=True).first()
+            if row is None:
+                self._unfiled.setdefault((thread.pk, lg_id), []).append((task_id, list(writes)))
+                return
+        self._file_interrupts(thread, row, lg_id, task_id, writes)
+
+    def _file_interrupts(
+        self, thread: Thread, row: UUID, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]
+    ) -> None:
+        resumes = [value for channel, value in writes if channel == RESUME]
+        for channel, value in writes:
+            if channel == INTERRUPT:
+                langgraph_interrupts.file_interrupts(
+                    thread=thread, checkpoint_id=row, lg_id=lg_id, task_id=task_id,
+                    interrupts=langgraph_interrupts.pending_interrupts(value),
+                    resumed=len(resumes[-1]) if resumes and isinstance(resumes[-1], list) else 0,
+                    encode=self.to_json,
                 )  # fmt: skip
 
     @_releasing_connection

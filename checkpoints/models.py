@@ -198,6 +198,26 @@ class ThreadKey(models.Model):
         return f"data key of {self.thread_id} under {self.master_key_id}"
 
 
+class Blob(models.Model):
+    """A large value of a thread's states, kept once in blob storage (see checkpoints/blobs.py).
+
+    Payloads refer to it by `sha256`; the file's name is derived from the thread and the digest.
+    """
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+", db_index=False)
+    sha256 = models.CharField(max_length=64)
+    size = models.BigIntegerField()
+    type = models.CharField(max_length=8)
+    preview = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["thread", "sha256"], name="blob_unique_per_thread")]
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} ({self.size} bytes)"
+
+
 class ToolResult(models.Model):
     """A tool call's result cached per thread, so a resumed agent never repeats the call."""
 

@@ -8,6 +8,7 @@ from typing import Any
 from rest_framework import serializers
 
 from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus, ToolResult
+from quicksave.api import StrictSerializer
 
 
 class ModelParamsSerializer(serializers.Serializer[Any]):
@@ -122,7 +123,7 @@ class ThreadDetailSerializer(ThreadSerializer):
         fields = [*ThreadSerializer.Meta.fields, "branches"]
 
 
-class ThreadCreateSerializer(serializers.Serializer[Any]):
+class ThreadCreateSerializer(StrictSerializer):
     agent = serializers.SlugField(required=False, max_length=64)
     external_id = serializers.CharField(required=False, allow_null=True, max_length=255)
     metadata = serializers.DictField(required=False)
@@ -131,7 +132,7 @@ class ThreadCreateSerializer(serializers.Serializer[Any]):
 class ThreadListQuerySerializer(serializers.Serializer[Any]):
     agent = serializers.SlugField(required=False, max_length=64)
     status = serializers.ChoiceField(required=False, choices=ThreadStatus.choices)
-    step = serializers.IntegerField(required=False, min_value=0)
+    step = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
     since = serializers.DateTimeField(required=False)
     until = serializers.DateTimeField(required=False)
     q = serializers.ListField(child=serializers.CharField(max_length=1000), required=False)
@@ -215,7 +216,7 @@ class CheckpointCreateSerializer(serializers.Serializer[Any]):
 
 class CheckpointListQuerySerializer(serializers.Serializer[Any]):
     branch = serializers.CharField(required=False, max_length=100)
-    after_seq = serializers.IntegerField(required=False, min_value=0, default=0)
+    after_seq = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1, default=0)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
 
 
@@ -232,26 +233,13 @@ class ToolResultSerializer(serializers.ModelSerializer[ToolResult]):
         fields = ["key", "tool", "result", "checkpoint", "created_at"]
 
 
-class ToolResultPutSerializer(serializers.Serializer[Any]):
+class ToolResultPutSerializer(StrictSerializer):
     result = serializers.JSONField()
     tool = serializers.CharField(required=False, allow_blank=True, max_length=200)
     checkpoint = serializers.UUIDField(required=False, allow_null=True)
 
 
-class _StrictSerializer(serializers.Serializer[Any]):
-    """Refuses fields it does not know, so a misspelt option (`resume_agent`) is a 400, not ignored."""
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(self.initial_data, dict):
-            unknown = sorted(set(self.initial_data) - set(self.fields))
-            if unknown:
-                raise serializers.ValidationError(
-                    {unknown[0]: f"is not a field here; the fields are {', '.join(self.fields)}."}
-                )
-        return attrs
-
-
-class ForkSerializer(_StrictSerializer):
+class ForkSerializer(StrictSerializer):
     """The body of POST /checkpoints/{id}/fork/ (the domain checks the patch and the names)."""
 
     reason = serializers.CharField(max_length=2000, help_text="Why: recorded in the audit trail and the label.")
@@ -275,7 +263,7 @@ class ForkResultSerializer(CheckpointSummarySerializer):
     run = serializers.UUIDField(allow_null=True)
 
 
-class ThreadActionSerializer(_StrictSerializer):
+class ThreadActionSerializer(StrictSerializer):
     """The body of POST /threads/{id}/cancel/ and /resume/."""
 
     reason = serializers.CharField(max_length=2000, help_text="Why: recorded in the audit trail.")

@@ -32,7 +32,7 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 
 from agents.models import Agent
-from checkpoints import codec, crypto, live
+from checkpoints import blobs, codec, crypto, hotcache, live
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
 from checkpoints.fields import associated_data
 from checkpoints.ids import new_id
@@ -130,6 +130,7 @@ def forget_branches(thread_id: UUID) -> None:
 def clear_caches() -> None:
     """Forget every cached state (tests use it to force a replay from the database)."""
     _cache.clear()
+    blobs.forget()
     _branches.clear()
     _branch_names.clear()
 
@@ -181,6 +182,17 @@ def record_event(*, thread: Thread | UUID, type: str, data: dict[str, Any]) -> E
     event = Event.objects.create(thread_id=thread_id, seq=row[0], type=type, data=data)
     live.publish_on_commit(thread_id=thread_id, seq=event.seq, type=type, data=data, agent=data.get("agent"))
     return event
+
+
+def set_thread_status(*, thread: Thread | UUID, status: str) -> None:
+    """Set a thread's status without a checkpoint (a LangGraph graph that ran to its end),
+    with a `thread.updated` event in the same transaction."""
+    if status not in CheckpointStatus.values:
+        raise InvalidState(f"`status` must be one of {', '.join(CheckpointStatus.values)}.", detail={"field": "status"})
+    thread_id = thread.pk if isinstance(thread, Thread) else thread
+    with transaction.atomic():
+        Thread.objects.filter(pk=thread_id).update(status=status)
+        record_event(thread=thread_id, type="thread.updated", data={"status": status})
 
 
 # --------------------------------------------------------------------------- writes
@@ -243,12 +255,14 @@ def append_checkpoint(
         or chain_length >= settings.QUICKSAVE_SNAPSHOT_EVERY
         or chain_bytes * REPLAY_COST_PER_BYTE > state_bytes
     ):
-        kind, framed, chain_length, chain_bytes = PayloadKind.SNAPSHOT, codec.encode(_canonical(new_state)), 0, 0
+        kind, canonical, chain_length, chain_bytes = PayloadKind.SNAPSHOT, _canonical(new_state), 0, 0
     else:
-        kind, framed = PayloadKind.DELTA, codec.encode(delta)
+        kind, canonical = PayloadKind.DELTA, delta
 
+    if len(canonical) > blobs.limit():
+        canonical = _offloaded(thread.pk, new_state if kind == PayloadKind.SNAPSHOT else json.loads(delta), canonical)
     checkpoint_id = new_id()
-    payload = crypto.seal(thread.pk, payload_ad(checkpoint_id), framed)
+    payload = _seal(thread.pk, checkpoint_id, canonical)
     fields["state_bytes"] = state_bytes
     integrity = codec.integrity_mac(
         parent_integrity=parent_node.integrity if parent_node else None,
@@ -606,12 +620,37 @@ def _chain(checkpoint_id: UUID) -> list[_Row]:
     return [_Row._make((*row[:metadata], json.loads(row[metadata]), *row[metadata + 1 :])) for row in rows]
 
 
-def load_node(checkpoint_id: UUID | str) -> Node:
-    """Materialise a checkpoint (cached), checking the integrity of every row replayed."""
+def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
+    """Materialise a checkpoint, checking the integrity of every row replayed.
+
+    Looks in this process's cache, then in Redis (`hotcache`), then replays from the
+    nearest snapshot; `hot` puts a replayed state into Redis for the other processes
+    (callers pass it for branch heads).
+    """
     checkpoint_id = checkpoint_id if isinstance(checkpoint_id, UUID) else UUID(str(checkpoint_id))
     cached = _cache.get(checkpoint_id)
     if cached is not None:
         return cached
+    found = hotcache.get(checkpoint_id)
+    if found is not None:
+        thread_id, entry = found
+        node = Node(
+            id=checkpoint_id, thread_id=thread_id, branch_id=entry.branch_id, seq=entry.seq, state=entry.state,
+            state_bytes=entry.state_bytes, chain_length=entry.chain_length, chain_bytes=entry.chain_bytes,
+            integrity=entry.integrity,
+        )  # fmt: skip
+        _cache.put(node)
+        return node
+    node = _replay(checkpoint_id)
+    if hot:
+        hotcache.put(node.thread_id, node.id, hotcache.Entry(
+            seq=node.seq, branch_id=node.branch_id, state_bytes=node.state_bytes, chain_length=node.chain_length,
+            chain_bytes=node.chain_bytes, integrity=node.integrity, state=node.state,
+        ))  # fmt: skip
+    return node
+
+
+def _replay(checkpoint_id: UUID) -> Node:
     rows = _chain(checkpoint_id)
     if not rows or rows[-1].id != checkpoint_id:
         raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s chain back to its snapshot is broken.")
@@ -650,13 +689,41 @@ def payload_ad(checkpoint_id: UUID) -> bytes:
     return associated_data("checkpoints_checkpoint.payload", checkpoint_id)
 
 
-def decode_payload(row: Checkpoint | _Row) -> Any:
+def encode_payload(*, thread_id: UUID, checkpoint_id: UUID, value: Any) -> bytes:
+    """A payload as stored: `value` (a full state or RFC 6902 ops) as canonical JSON with its
+    large values offloaded to blob storage, framed (zlib when it pays) and sealed under the
+    thread's data key, bound to the checkpoint's row.
+
+    The inverse of decode_payload; the store's writes and compaction both go through it.
+    """
+    canonical = _canonical(value)
+    if len(canonical) > blobs.limit():
+        canonical = _offloaded(thread_id, value, canonical)
+    return _seal(thread_id, checkpoint_id, canonical)
+
+
+def _offloaded(thread_id: UUID, value: Any, canonical: bytes) -> bytes:
+    """`canonical` again with every value above QUICKSAVE_OFFLOAD_BYTES moved to blob storage."""
+    stored, refs = blobs.offload(thread_id, value)
+    return _canonical(stored) if refs else canonical
+
+
+def _seal(thread_id: UUID, checkpoint_id: UUID, canonical: bytes) -> bytes:
+    return crypto.seal(thread_id, payload_ad(checkpoint_id), codec.encode(canonical))
+
+
+def decode_payload(row: Checkpoint | _Row, *, restore: bool = True) -> Any:
     """A stored row's payload as JSON: its full state (snapshot) or its RFC 6902 ops (delta).
 
-    The one place a payload is opened (decrypted, decompressed, parsed); callers check the
-    row's MAC first (see verify.py), which covers the stored, sealed bytes.
+    The one place a payload is opened (decrypted, decompressed, parsed, its offloaded values
+    read back unless `restore` is False); callers check the row's MAC first (see verify.py),
+    which covers the stored, sealed bytes and so the references to offloaded values.
     """
-    return codec.decode(crypto.unseal(row.thread_id, payload_ad(row.id), bytes(row.payload)))
+    canonical = codec.unframe(crypto.unseal(row.thread_id, payload_ad(row.id), bytes(row.payload)))
+    value = json.loads(canonical)
+    if restore and blobs.has_refs(canonical):
+        value = blobs.restore(row.thread_id, value)
+    return value
 
 
 def _verify(row: _Row, *, parent_integrity: bytes | None) -> None:
@@ -681,10 +748,13 @@ def _node_from(row: _Row, state: dict[str, Any]) -> Node:
     )  # fmt: skip
 
 
-def state_at(checkpoint: Checkpoint | UUID) -> dict[str, Any]:
-    """The full state at a checkpoint, integrity-checked; the caller owns the returned copy."""
+def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False) -> dict[str, Any]:
+    """The full state at a checkpoint, integrity-checked; the caller owns the returned copy.
+
+    `hot`: the checkpoint is a branch head others will read too; keep its state in Redis.
+    """
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
-    return clone(load_node(checkpoint_id).state)
+    return clone(load_node(checkpoint_id, hot=hot).state)
 
 
 def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[UUID | None, dict[str, Any]]:
@@ -694,7 +764,7 @@ def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[U
     head = branch_head(thread_id=thread_id, branch_id=branch_id)
     if head is None:
         return None, {}
-    return head[0], state_at(head[0])
+    return head[0], clone(load_node(head[0], hot=True).state)
 
 
 def diff(*, base: Checkpoint | UUID, target: Checkpoint | UUID) -> list[dict[str, Any]]:

@@ -6,12 +6,15 @@ Errors always read `{"error": {"code": "<snake_case>", "message": "<sentence>", 
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -23,30 +26,102 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400 overflows to infinity, which no JSON column can hold
+        raise ValueError(f"the number {text[:40]} is too large")
+    return value
+
+
+# A NUL or a UTF-16 surrogate left unpaired after decoding: PostgreSQL cannot store either.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def _unstorable_character(value: Any) -> str | None:
+    """The first character of `value`'s strings or keys that PostgreSQL cannot store, if any."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found = _UNSTORABLE.search(item)
+            if found:
+                return found.group()
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return None
+
+
+class UnsupportedText(exceptions.ParseError):
+    default_code = "unsupported_text"
+
+
 class StrictJSONParser(BaseParser):
-    """JSON bodies only, without the NaN/Infinity extension Python's json module accepts."""
+    """JSON bodies only: no NaN/Infinity (nor numbers that overflow to it), and no text PostgreSQL
+    cannot store (NUL, lone surrogates), so bad input is a 400 here and never a failed write later."""
 
     media_type = "application/json"
 
     def parse(self, stream: Any, media_type: str | None = None, parser_context: Mapping[str, Any] | None = None) -> Any:
+        # DRF hands over the request itself as the stream, which Django does not hold to
+        # DATA_UPLOAD_MAX_MEMORY_SIZE (= QUICKSAVE_MAX_REQUEST_BYTES): read at most one byte past it.
+        limit: int = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        request = (parser_context or {}).get("request")
+        declared = str(request.META.get("CONTENT_LENGTH") or "") if request is not None else ""
+        if declared.isdigit() and int(declared) > limit:
+            raise PayloadTooLarge()  # refused before reading a byte
         try:
-            raw = stream.read() if stream is not None else b""
+            raw = stream.read(limit + 1) if stream is not None else b""
         except RequestDataTooBig:
             raise PayloadTooLarge() from None
+        if len(raw) > limit:
+            raise PayloadTooLarge()
         if not raw:
             return {}
         try:
-            return json.loads(raw, parse_constant=_reject_constant)
+            # Decoded here, strictly: json.loads would let UTF-8-encoded surrogates through.
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise exceptions.ParseError(f"The body is not valid UTF-8: {exc}") from None
+        try:
+            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
         except RecursionError:
             raise exceptions.ParseError("The JSON body is nested too deeply.") from None
-        except (ValueError, UnicodeDecodeError) as exc:
+        except ValueError as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from None
+        # Either can now only come from a \u escape (a raw NUL is invalid JSON), so most bodies skip the walk.
+        if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
+            character = _unstorable_character(data)
+            if character is not None:
+                name = "a NUL character" if character == "\x00" else "a lone UTF-16 surrogate"
+                code_point = f"\\u{ord(character):04x}"
+                raise UnsupportedText(f"The body contains {name} ({code_point}), which Quicksave cannot store.")
+        return data
+
+
+class StrictSerializer(serializers.Serializer[Any]):
+    """Refuses fields it does not know, so a misspelt option (`resume_agent`) is a 400, not ignored."""
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(self.initial_data, dict):
+            unknown = sorted(set(self.initial_data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: f"is not a field here; the fields are {', '.join(self.fields)}."}
+                )
+        return attrs
 
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_detail = "The request body is larger than QUICKSAVE_MAX_REQUEST_BYTES."
     default_code = "payload_too_large"
+
+    def __init__(self) -> None:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        super().__init__(f"The request body is larger than {limit} bytes (QUICKSAVE_MAX_REQUEST_BYTES).")
+        self.extra = {"limit": limit}
 
 
 class Conflict(exceptions.APIException):

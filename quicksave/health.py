@@ -7,7 +7,6 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, JsonResponse
 
@@ -23,16 +22,9 @@ def _check_database() -> dict[str, Any]:
 
 
 def _check_cache() -> dict[str, Any]:
-    if not settings.REDIS_URL:
-        return {"status": "disabled", "detail": "REDIS_URL is not set; states are read from PostgreSQL."}
-    import redis
+    from checkpoints import hotcache
 
-    try:
-        client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1)
-        client.ping()
-        return {"status": "ok"}
-    except Exception as exc:
-        return {"status": "degraded", "error": str(exc)}
+    return hotcache.status(probe=True)
 
 
 def _check_channel_layer() -> dict[str, Any]:

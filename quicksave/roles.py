@@ -6,6 +6,8 @@ from __future__ import annotations
 from django.contrib.auth.models import AnonymousUser, Group, Permission, User
 from django.db import transaction
 
+from approvals import audit
+
 VIEWER = "viewer"
 REVIEWER = "reviewer"
 ADMIN = "admin"
@@ -13,8 +15,9 @@ ROLES = (VIEWER, REVIEWER, ADMIN)
 
 _VIEW = ["checkpoints.view_thread", "checkpoints.view_checkpoint"]
 _REVIEW = [*_VIEW, "checkpoints.decide_approval"]
-_ADMIN = [*_REVIEW, "checkpoints.fork_thread", "checkpoints.cancel_thread", "checkpoints.add_thread",
-          "checkpoints.add_checkpoint", "agents.add_agentkey", "agents.change_agentkey"]  # fmt: skip
+_ADMIN = [*_REVIEW, "checkpoints.fork_thread", "checkpoints.cancel_thread", "checkpoints.delete_thread",
+          "checkpoints.add_thread", "checkpoints.add_checkpoint", "agents.add_agentkey",
+          "agents.change_agentkey"]  # fmt: skip
 ROLE_PERMISSIONS: dict[str, list[str]] = {VIEWER: _VIEW, REVIEWER: _REVIEW, ADMIN: _ADMIN}
 
 
@@ -38,13 +41,21 @@ def ensure_roles() -> dict[str, Group]:
 
 
 @transaction.atomic
-def grant_role(*, user: User, role: str) -> None:
-    """Give `user` exactly one role, replacing any other."""
+def grant_role(
+    *, user: User, role: str, actor: User | None = None, actor_name: str | None = None, address: str | None = None
+) -> None:
+    """Give `user` exactly one role, replacing any other; the audit trail records who granted it
+    (`actor`, or `actor_name` such as `cli:<os user>`; neither: Quicksave itself)."""
     if role not in ROLES:
         raise ValueError(f"Unknown role {role!r}; the roles are {', '.join(ROLES)}.")
     groups = ensure_roles()
+    before = sorted(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
     user.groups.remove(*[groups[other] for other in ROLES if other != role])
     user.groups.add(groups[role])
+    audit.record(
+        actor=actor, actor_name=actor_name, action="role.grant", target_type="user", target_id=user.get_username(),
+        before={"roles": before}, after={"roles": [role]}, address=address,
+    )  # fmt: skip
 
 
 def role_of(user: User | AnonymousUser) -> str | None:

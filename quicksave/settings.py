@@ -55,6 +55,7 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "quicksave.middleware.QueryStringLimitMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -130,11 +131,40 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Large values moved out of checkpoints (checkpoints/blobs.py): the filesystem under var/blobs,
+# or any S3-compatible store through django-storages.
+QUICKSAVE_OFFLOAD_BYTES = envint("QUICKSAVE_OFFLOAD_BYTES", 256 * 1024, minimum=1024)
+QUICKSAVE_BLOB_STORAGE = envstr("QUICKSAVE_BLOB_STORAGE", "filesystem")
+if QUICKSAVE_BLOB_STORAGE == "filesystem":
+    BLOB_STORAGE: dict[str, Any] = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": envstr("QUICKSAVE_BLOB_DIR") or str(VAR_DIR / "blobs"), "allow_overwrite": True},
+    }
+elif QUICKSAVE_BLOB_STORAGE == "s3":
+    BLOB_STORAGE = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": envstr("QUICKSAVE_S3_BUCKET") or None,
+            "endpoint_url": envstr("QUICKSAVE_S3_ENDPOINT_URL") or None,
+            "region_name": envstr("QUICKSAVE_S3_REGION") or None,
+            "access_key": envstr("QUICKSAVE_S3_ACCESS_KEY_ID") or None,
+            "secret_key": envstr("QUICKSAVE_S3_SECRET_ACCESS_KEY") or None,
+            "location": envstr("QUICKSAVE_S3_PREFIX", "quicksave"),
+            "file_overwrite": True,
+            "default_acl": None,
+        },
+    }
+    if not BLOB_STORAGE["OPTIONS"]["bucket_name"]:
+        raise ConfigError("QUICKSAVE_S3_BUCKET must be set when QUICKSAVE_BLOB_STORAGE=s3")
+else:
+    raise ConfigError(f"QUICKSAVE_BLOB_STORAGE must be filesystem or s3, got {QUICKSAVE_BLOB_STORAGE!r}")
+
 STORAGES = {
     "default": {
         "BACKEND": "django.core.files.storage.FileSystemStorage",
-        "OPTIONS": {"location": str(VAR_DIR / "blobs")},
+        "OPTIONS": {"location": str(VAR_DIR / "media")},
     },
+    "quicksave_blobs": BLOB_STORAGE,
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
 
@@ -177,6 +207,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Threads (and checkpoints) and approvals each have a `status` with its own choices.
+    "ENUM_NAME_OVERRIDES": {
+        "ThreadStatusEnum": "checkpoints.models.ThreadStatus",
+        "ApprovalStatusEnum": "approvals.models.ApprovalStatus",
+    },
 }
 
 # Checkpoint store.
@@ -185,8 +220,18 @@ QUICKSAVE_MAX_STATE_BYTES = envint("QUICKSAVE_MAX_STATE_BYTES", 16 * 1024 * 1024
 QUICKSAVE_MAX_DEPTH = envint("QUICKSAVE_MAX_DEPTH", 64, minimum=2)
 QUICKSAVE_MAX_REQUEST_BYTES = envint("QUICKSAVE_MAX_REQUEST_BYTES", 32 * 1024 * 1024, minimum=1024)
 QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 128 * 1024 * 1024, minimum=0)
+# `manage.py prune` compacts only threads idle this long (see checkpoints/retention.py).
+QUICKSAVE_COMPACT_IDLE_HOURS = envint("QUICKSAVE_COMPACT_IDLE_HOURS", 24, minimum=0)
 QUICKSAVE_INTEGRITY_KEY = envstr("QUICKSAVE_INTEGRITY_KEY") or SECRET_KEY
 QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0)
+# Failed authentications (bad agent keys, failed sign-ins) one address may make in a minute before 429s.
+QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
+QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
+
+# Hot path (checkpoints/hotcache.py): head states in Redis, when REDIS_URL is set.
+QUICKSAVE_HOT_TTL_SECONDS = envint("QUICKSAVE_HOT_TTL_SECONDS", 3600, minimum=0)
+QUICKSAVE_HOT_TIMEOUT_MS = envint("QUICKSAVE_HOT_TIMEOUT_MS", 250, minimum=1)
+QUICKSAVE_HOT_RETRY_SECONDS = envint("QUICKSAVE_HOT_RETRY_SECONDS", 2, minimum=0)
 
 # Encryption at rest (checkpoints/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
@@ -221,12 +266,22 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
 }
 
+# Security headers and cookies. The HTTPS-only ones are off by default so the embedded default
+# works over plain http://127.0.0.1; production turns them on (`manage.py check --deploy` is clean then).
 if not DEBUG:
     SESSION_COOKIE_HTTPONLY = True
+    SESSION_COOKIE_SAMESITE = "Lax"
     CSRF_COOKIE_SAMESITE = "Lax"
     SECURE_CONTENT_TYPE_NOSNIFF = True
+    SECURE_REFERRER_POLICY = "same-origin"
+    SECURE_CROSS_ORIGIN_OPENER_POLICY = "same-origin"
     X_FRAME_OPTIONS = "DENY"
     SECURE_SSL_REDIRECT = envbool("SECURE_SSL_REDIRECT", False)
     SESSION_COOKIE_SECURE = envbool("SESSION_COOKIE_SECURE", False)
     CSRF_COOKIE_SECURE = envbool("CSRF_COOKIE_SECURE", False)
     SECURE_HSTS_SECONDS = envint("SECURE_HSTS_SECONDS", 0, minimum=0)
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = envbool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+    SECURE_HSTS_PRELOAD = envbool("SECURE_HSTS_PRELOAD", False)
+    if envbool("SECURE_PROXY_SSL_HEADER", False):
+        # Only behind a proxy that sets X-Forwarded-Proto itself and strips it from clients.
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")

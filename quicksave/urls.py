@@ -6,6 +6,7 @@ from django.urls import Resolver404, include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from quicksave.health import healthz
+from quicksave.signin import ThrottledLoginView
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
@@ -14,7 +15,7 @@ urlpatterns = [
     path("api/v1/", include("agents.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("login/", auth_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),

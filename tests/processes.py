@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlunsplit
@@ -41,23 +42,28 @@ def free_port() -> int:
 
 def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """A uvicorn process serving quicksave.asgi on 127.0.0.1:port; returns once /healthz answers."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server on :{port} exited: {process.stderr.read().decode() if process.stderr else ''}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503):
-                return process
-        except httpx.TransportError:
-            time.sleep(0.2)
-    process.kill()
+    # Its log goes to a file, not a pipe: nobody drains a pipe during the run, and a server
+    # that logs a warning per 4xx would block on a full one. The server keeps its own handle.
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port),
+             "--log-level", "warning"],
+            cwd=ROOT,
+            env={**os.environ, "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                log.seek(0)
+                raise RuntimeError(f"server on :{port} exited: {log.read().decode(errors='replace')}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503):
+                    return process
+            except httpx.TransportError:
+                time.sleep(0.2)
+        process.kill()
     raise RuntimeError(f"server on :{port} did not start")
 
 

@@ -46,6 +46,8 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("PUT", "/api/v1/threads/{thread}/tool-results/new/", {"result": {"ok": True}}, (201, 404, 403, 403, 201, 401)),
     ("POST", "/api/v1/threads/{thread}/cancel/", {"reason": "stop"}, (403, 404, 403, 403, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/resume/", {"reason": "go"}, (403, 404, 403, 403, 409, 401)),
+    # The world's run is leased to a worker, so even an admin's delete is refused (409) until it ends.
+    ("DELETE", "/api/v1/threads/{thread}/", {"reason": "erase"}, (403, 404, 403, 403, 409, 401)),
     ("POST", "/api/v1/threads/{thread}/approvals/", APPROVAL, (409, 404, 403, 403, 409, 401)),
     ("GET", "/api/v1/approvals/", None, (200, 200, 200, 200, 200, 401)),
     ("GET", "/api/v1/approvals/{approval}/", None, (200, 404, 200, 200, 200, 401)),
@@ -70,6 +72,8 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("POST", "/threads/{thread}/cancel/", {"reason": "stop"}, (302, 302, 403, 403, 302, 302)),
     ("GET", "/threads/{thread}/resume/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/threads/{thread}/resume/", {"reason": "go"}, (302, 302, 403, 403, 409, 302)),
+    ("GET", "/threads/{thread}/delete/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/threads/{thread}/delete/", {"reason": "erase"}, (302, 302, 403, 403, 409, 302)),
     ("GET", "/inbox/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
     ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),

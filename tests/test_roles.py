@@ -1,7 +1,8 @@
-"""Roles: grantrole gives exactly one role, and each role carries its permissions."""
+"""Roles: grantrole gives exactly one role, each role carries its permissions, and every grant is audited."""
 
 from __future__ import annotations
 
+import getpass
 from io import StringIO
 from typing import Any
 
@@ -10,7 +11,8 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from quicksave.roles import role_of
+from approvals.models import AuditEntry
+from quicksave.roles import grant_role, role_of
 
 
 def test_grantrole_replaces_the_previous_role(db: Any) -> None:
@@ -37,3 +39,33 @@ def test_admin_role_can_fork_and_write(db: Any) -> None:
 def test_grantrole_names_an_unknown_user(db: Any) -> None:
     with pytest.raises(CommandError, match="No user is named 'ghost'"):
         call_command("grantrole", "ghost", "viewer")
+
+
+def test_grantrole_records_the_grant_and_the_previous_role_in_the_audit_trail(db: Any) -> None:
+    User.objects.create_user("rita", password="pw-12345678")
+    call_command("grantrole", "rita", "reviewer", stdout=StringIO())
+    call_command("grantrole", "rita", "admin", stdout=StringIO())
+
+    first, second = AuditEntry.objects.filter(action="role.grant").order_by("created_at", "pk")
+    assert (second.target_type, second.target_id) == ("user", "rita")
+    assert (first.before, first.after) == ({"roles": []}, {"roles": ["reviewer"]})
+    assert (second.before, second.after) == ({"roles": ["reviewer"]}, {"roles": ["admin"]})
+    assert second.actor is None
+    assert second.actor_name == f"cli:{getpass.getuser()}"
+
+
+def test_a_grant_by_a_person_names_them_and_their_address(db: Any) -> None:
+    admin = User.objects.create_user("ada", password="pw-12345678")
+    rita = User.objects.create_user("rita", password="pw-12345678")
+
+    grant_role(user=rita, role="viewer", actor=admin, address="10.0.0.9")
+
+    entry = AuditEntry.objects.get(action="role.grant")
+    assert (entry.actor, entry.actor_name, entry.address) == (admin, "ada", "10.0.0.9")
+
+
+def test_an_unknown_role_is_refused_without_an_audit_entry(db: Any) -> None:
+    rita = User.objects.create_user("rita", password="pw-12345678")
+    with pytest.raises(ValueError, match="Unknown role 'owner'"):
+        grant_role(user=rita, role="owner")
+    assert not AuditEntry.objects.exists()

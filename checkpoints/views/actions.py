@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -19,7 +20,7 @@ from django.urls import reverse
 from approvals.audit import client_address
 from approvals.models import ApprovalRequest
 from checkpoints import diffview, forks, store
-from checkpoints.access import check_can_cancel, check_can_fork, get_checkpoint_for, get_thread_for
+from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import PatchError, apply_patch, make_patch
 from checkpoints.models import Checkpoint, Thread
@@ -157,16 +158,25 @@ def resume_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
     return _thread_action(request, thread_id, "resume", forks.resume_failed)
 
 
+@viewer_required
+def delete_thread(request: HttpRequest, thread_id: UUID) -> HttpResponse:
+    return _thread_action(request, thread_id, "delete", forks.delete)
+
+
 def _thread_action(request: HttpRequest, thread_id: UUID, action: str, perform: Any) -> HttpResponse:
-    """Cancel or resume: GET asks to confirm, POST (with a reason) does it and goes back to the thread."""
+    """Cancel, resume or delete: GET asks to confirm, POST (with a reason) does it and goes back."""
     thread = get_thread_for(request.user, thread_id)
-    user = check_can_cancel(request.user)
+    user = check_can_delete(request.user) if action == "delete" else check_can_cancel(request.user)
     if request.method != "POST":
         return _confirm(request, action, thread)
     try:
         perform(thread=thread, user=user, reason=request.POST.get("reason", ""), address=client_address(request))
     except DomainError as exc:
         return _confirm(request, action, thread, error=exc)
+    if action == "delete":
+        label = checkpoint_page.thread_label(thread)
+        messages.success(request, f"Thread {label} was deleted and its data key destroyed.")
+        return redirect("dashboard:threads")
     return redirect("dashboard:thread", thread_id=thread.pk)
 
 
@@ -211,7 +221,8 @@ def _confirm(
     head = None
     if thread.head_id:
         head = Checkpoint.objects.defer("payload").select_related("branch").filter(pk=thread.head_id).first()
-    refusal = {"cancel": forks.cancel_refusal, "resume": forks.resume_refusal}.get(action, lambda _: None)(thread)
+    refusals = {"cancel": forks.cancel_refusal, "resume": forks.resume_refusal, "delete": forks.delete_refusal}
+    refusal = refusals.get(action, lambda _: None)(thread)
     context = {
         "nav": "threads",
         "action": action,
@@ -225,6 +236,7 @@ def _confirm(
         "reason": request.POST.get("reason", "") if request.method == "POST" else "",
         "pending_approvals": thread.approvals.filter(status="pending").count(),
         "queued_runs": thread.runs.filter(status="queued").count(),
+        "checkpoint_count": Checkpoint.objects.filter(thread=thread).count() if action == "delete" else 0,
         "branch_placeholder": forks.plan_branch_name(thread.pk) if action == "rerun" else "",
         "back": reverse("dashboard:checkpoint", args=[checkpoint.pk])
         if checkpoint

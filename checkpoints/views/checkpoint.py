@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 from uuid import UUID
 
 from django.db.models import Q
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from checkpoints import diffview, store
-from checkpoints.access import get_checkpoint_for
+from checkpoints import blobs, diffview, store
+from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
-from checkpoints.models import Checkpoint, PayloadKind, Thread, ToolResult
+from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
 from checkpoints.views import actions, viewer_required
 
 # Newest tool results listed; the page says how many there are in all.
@@ -37,7 +38,9 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         failure = exc.message
     previous, following = _neighbours(checkpoint)
     tool_results, tool_total = _tool_results(checkpoint)
-    tree = diffview.render_tree(state) if state is not None else None
+    # Values kept in blob storage are shown by a placeholder, a preview and a download link.
+    shown, large = blobs.large_values(thread.pk, state) if state is not None else (None, [])
+    tree = diffview.render_tree(shown) if shown is not None else None
     context = {
         "nav": "threads",
         "thread": thread,
@@ -47,7 +50,9 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "failure": failure,
         "tree": tree,
         "tree_nodes": f"{diffview.TREE_NODES:,}",
-        "raw": diffview.pretty(state, limit=RAW_CHARS) if state is not None else None,
+        "raw": diffview.pretty(shown, limit=RAW_CHARS) if shown is not None else None,
+        "large_values": large,
+        "offload_limit": blobs.limit(),
         "metadata": [(key, diffview.short(value)) for key, value in checkpoint.metadata.items()],
         "model": [(name, value) for name, value in checkpoint.model.items() if value is not None],
         "previous": previous,
@@ -98,3 +103,21 @@ def _tool_results(checkpoint: Checkpoint) -> tuple[list[ToolResult], int]:
     # Count only when the list is cut: usually one query, not two.
     total = cached.count() if len(rows) > TOOL_RESULTS_SHOWN else len(rows)
     return rows[:TOOL_RESULTS_SHOWN], total
+
+
+@viewer_required
+def blob_download(request: HttpRequest, thread_id: UUID, sha256: str) -> HttpResponse:
+    """A large value of a thread's state, as a file (anyone who may read the thread may read it)."""
+    thread = get_thread_for(request.user, thread_id)
+    if not Blob.objects.filter(thread=thread, sha256=sha256).exists():
+        raise Http404("This thread has no such large value.")
+    value = blobs.read(thread.pk, sha256)
+    value = blobs.restore(thread.pk, value)
+    if isinstance(value, str):
+        response = HttpResponse(value, content_type="text/plain; charset=utf-8")
+        extension = "txt"
+    else:
+        response = HttpResponse(json.dumps(value, ensure_ascii=False, indent=2), content_type="application/json")
+        extension = "json"
+    response["Content-Disposition"] = f'attachment; filename="{thread_label(thread)}-{sha256[:12]}.{extension}"'
+    return response

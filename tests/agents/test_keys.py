@@ -1,18 +1,22 @@
-"""Agent API keys: `createagentkey` issues one, only its SHA-256 is stored, and revoked or altered keys fail."""
+"""Agent API keys: `createagentkey` issues one, only its SHA-256 is stored, revoked or altered keys fail,
+and creating or revoking one is audited."""
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 from io import StringIO
 from typing import Any
 
 import pytest
+from django.contrib.auth.models import User
 from django.core.management import CommandError, call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
 from agents.keys import revoke_agent_key
 from agents.models import Agent, AgentKey
+from approvals.models import AuditEntry
 
 
 def create_key(*args: str) -> tuple[str, str, str]:
@@ -143,3 +147,31 @@ def test_createagentkey_refuses_a_name_that_is_not_a_lowercase_slug(db: Any, nam
     assert stdout.getvalue() == ""
     assert not Agent.objects.exists()
     assert not AgentKey.objects.exists()
+
+
+def test_createagentkey_records_the_new_key_in_the_audit_trail_without_its_secret(db: Any) -> None:
+    key, _, _ = create_key("travel", "--label", "laptop")
+    prefix, secret = split_key(key)
+
+    entry = AuditEntry.objects.get(action="agent_key.create")
+    assert (entry.target_type, entry.target_id) == ("agent_key", prefix)
+    assert entry.after == {"agent": "travel", "prefix": prefix, "label": "laptop"}
+    assert entry.actor is None
+    assert entry.actor_name == f"cli:{getpass.getuser()}"
+    assert secret not in str(entry.after)
+
+
+def test_revoking_a_key_is_audited_once_with_who_and_from_where(db: Any) -> None:
+    key, _, _ = create_key("travel")
+    row = AgentKey.objects.get(prefix=split_key(key)[0])
+    admin = User.objects.create_user("ada", password="pw-12345678")
+
+    revoke_agent_key(key=row, actor=admin, address="10.0.0.9")
+    revoke_agent_key(key=row, actor=admin, address="10.0.0.9")  # already revoked: nothing changes
+
+    entry = AuditEntry.objects.get(action="agent_key.revoke")
+    assert (entry.actor, entry.actor_name, entry.address, entry.target_id) == (admin, "ada", "10.0.0.9", row.prefix)
+    assert entry.before == {"agent": "travel", "revoked_at": None}
+    row.refresh_from_db()
+    assert row.revoked_at is not None
+    assert entry.after == {"agent": "travel", "revoked_at": row.revoked_at.isoformat()}

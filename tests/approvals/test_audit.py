@@ -22,7 +22,7 @@ def decided(thread: Thread) -> AuditEntry:
     reviewer = User.objects.create_user("rita", password="pw-12345678")
     grant_role(user=reviewer, role="reviewer")
     decide(approval=approval, user=reviewer, decision="reject", comment="not on a Friday", address="10.0.0.7")
-    return AuditEntry.objects.get()
+    return AuditEntry.objects.get(action="approval.reject")
 
 
 def test_a_decision_records_who_what_why_and_from_where(decided: AuditEntry) -> None:

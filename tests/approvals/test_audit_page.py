@@ -23,7 +23,8 @@ T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.get_current_timezone())
 
 @pytest.fixture
 def admin() -> User:
-    return person("ada", "admin")
+    # A superuser counts as admin; granting the role would itself leave an audit entry on the page.
+    return User.objects.create_superuser("ada", password="ada-password-1")
 
 
 def entry(

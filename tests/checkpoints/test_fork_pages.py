@@ -14,7 +14,7 @@ from django.test import Client
 from agents.models import Run, RunReason
 from approvals.models import AuditEntry
 from checkpoints import store
-from checkpoints.models import Branch, Checkpoint, Thread, ThreadStatus
+from checkpoints.models import Branch, Checkpoint, Thread, ThreadKey, ThreadStatus
 from tests.conftest import person, signed_in
 
 STATE = {"settings": {}, "migrated": ["users", "orders"], "log": ["users: 1200 rows"]}
@@ -198,3 +198,37 @@ def test_the_thread_page_offers_resume_and_cancel_to_admins_only(db: Any) -> Non
     viewer_page = signed_in(person("vic-offer", "viewer")).get(f"/threads/{thread.pk}/").content.decode()
     assert f"/threads/{thread.pk}/resume/" in admin_page and f"/threads/{thread.pk}/cancel/" in admin_page
     assert "/resume/" not in viewer_page and "/cancel/" not in viewer_page
+
+
+def test_delete_confirms_then_removes_the_thread_shreds_its_key_and_audits(
+    admin: Client, thread: Thread, checkpoints: list[Checkpoint]
+) -> None:
+    page = f"/threads/{thread.pk}/delete/"
+    assert f'href="{page}"' in admin.get(f"/threads/{thread.pk}/").content.decode()
+    confirm = admin.get(page).content.decode()
+    assert "Delete this thread for good?" in confirm and "All 2 checkpoints" in confirm
+    missing = admin.post(page, {"reason": " "})
+    assert missing.status_code == 400 and "Give a reason" in errors_of(missing.content.decode(), "reason")
+    assert Thread.objects.filter(pk=thread.pk).exists() and ThreadKey.objects.filter(thread_id=thread.pk).exists()
+
+    done = admin.post(page, {"reason": "customer asked for erasure"}, follow=True)
+    assert done.redirect_chain == [("/", 302)]
+    assert "was deleted and its data key destroyed" in done.content.decode()
+    assert not Thread.objects.filter(pk=thread.pk).exists()
+    assert not Checkpoint.objects.filter(thread_id=thread.pk).exists()
+    assert not ThreadKey.objects.filter(thread_id=thread.pk).exists()
+    entry = AuditEntry.objects.get(action="thread.delete", target_id=str(thread.pk))
+    assert (entry.actor_name, entry.reason) == ("ada", "customer asked for erasure")
+    assert entry.before["checkpoints"] == 2 and entry.after == {"deleted": True, "data_key": "destroyed"}
+
+
+def test_deleting_through_the_api_needs_a_reason_and_answers_204(
+    admin: Client, thread: Thread, checkpoints: list[Checkpoint]
+) -> None:
+    url = f"/api/v1/threads/{thread.pk}/"
+    missing = admin.delete(url, data=json.dumps({}), content_type="application/json")
+    assert missing.status_code == 400 and "reason" in missing.json()["error"]["detail"]["fields"]
+    assert Thread.objects.filter(pk=thread.pk).exists()
+    gone = admin.delete(url, data=json.dumps({"reason": "test data"}), content_type="application/json")
+    assert gone.status_code == 204
+    assert admin.get(url).status_code == 404

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.keys import create_agent_key, get_or_create_agent
+from approvals.audit import cli_actor_name
 
 AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
@@ -27,6 +28,6 @@ class Command(BaseCommand):
                 f"got {name!r}"
             )
         agent = get_or_create_agent(name=name)
-        key, plaintext = create_agent_key(agent=agent, label=options["label"])
+        key, plaintext = create_agent_key(agent=agent, label=options["label"], actor_name=cli_actor_name())
         self.stderr.write(f"Key {key.prefix} created for agent {agent.name}. It is shown once; store it now.")
         self.stdout.write(plaintext)

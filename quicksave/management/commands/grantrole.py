@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from approvals.audit import cli_actor_name
 from quicksave.roles import ROLES, grant_role
 
 
@@ -24,5 +25,5 @@ class Command(BaseCommand):
         except User.DoesNotExist:
             raise CommandError(f"No user is named {options['user']!r}; create one with `manage.py createsuperuser` "
                                "or the admin site first.") from None  # fmt: skip
-        grant_role(user=user, role=options["role"])
+        grant_role(user=user, role=options["role"], actor_name=cli_actor_name())
         self.stdout.write(f"{options['user']} is now {options['role']}.")

@@ -1,0 +1,57 @@
+"""Restore a thread exported with export_thread (or the API) into this installation, with new ids."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from typing import IO, Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from agents.models import Agent
+from checkpoints.export import InvalidTrajectory, import_thread
+
+
+class Command(BaseCommand):
+    help = (
+        "Import a JSON Lines trajectory as a new thread (new ids; the file is checked whole before anything "
+        "is written). FILE may be - for stdin."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("file", help="A .jsonl file from export_thread or GET /api/v1/threads/{id}/export/")
+        parser.add_argument("--agent", help="Import under this agent instead of the one the file names")
+        parser.add_argument("--external-id", help="Give the thread this external_id instead of the file's")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        agent = None
+        if options["agent"]:
+            agent = Agent.objects.filter(name=options["agent"]).first()
+            if agent is None:
+                raise CommandError(f"No agent is named '{options['agent']}' (manage.py createagentkey makes one).")
+        path: str = options["file"]
+        try:
+            with self._open(path) as file:
+                thread = import_thread(
+                    file=file, agent=agent, external_id=options["external_id"], progress=self._progress
+                )
+        except OSError as exc:
+            raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from None
+        except InvalidTrajectory as exc:
+            raise CommandError(f"{path}: {exc.message}. Nothing was imported.") from None
+        self.stdout.write(f"Imported thread {thread.pk} (agent {thread.agent.name}, status {thread.status}).")
+
+    def _open(self, path: str) -> IO[bytes]:
+        if path != "-":
+            return open(path, "rb")
+        # The file is read twice (checked, then written), so stdin is spooled first.
+        spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by the caller's with)
+        shutil.copyfileobj(sys.stdin.buffer, spool)
+        spool.seek(0)
+        return spool
+
+    def _progress(self, done: int, total: int) -> None:
+        every = max(1, total // 20)
+        if done % every == 0 or done == total:
+            self.stderr.write(f"Imported {done}/{total} checkpoints ({done * 100 // max(total, 1)}%)")

@@ -1,0 +1,195 @@
+"""Large values: offloaded to blob storage once per thread, restored transparently, shown by a
+preview with a permission-checked download, collected when unreferenced; on the filesystem
+and on a real S3-compatible server (moto's standalone server in its own process)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.db import connection
+from django.test import Client
+
+from agents.models import Agent
+from checkpoints import blobs, crypto, store
+from checkpoints.errors import IntegrityFailure
+from checkpoints.models import Blob, Checkpoint, Thread
+from tests.conftest import person, signed_in
+from tests.processes import free_port
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+LIMIT = 4096
+ATTACHMENT = "PDF-bytes-as-text " * 1000  # 18,000 characters, well above the limit
+REPORT = {"pages": [{"n": n, "text": f"page {n} " * 40} for n in range(30)]}  # an object above it
+
+
+@pytest.fixture
+def filesystem_blobs(settings: Any, tmp_path: Path) -> Path:
+    settings.QUICKSAVE_OFFLOAD_BYTES = LIMIT
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "quicksave_blobs": {
+            "BACKEND": "django.core.files.storage.FileSystemStorage",
+            "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
+        },
+    }
+    store.clear_caches()
+    return tmp_path
+
+
+def fresh_process() -> None:
+    store.clear_caches()
+    crypto.forget_keys()
+
+
+def payload_bytes(thread: Thread) -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT length(payload) FROM checkpoints_checkpoint WHERE thread_id = %s ORDER BY seq",
+                       [thread.pk])  # fmt: skip
+        return [row[0] for row in cursor.fetchall()]
+
+
+def write_attachment_thread(agent: Agent, settings: Any, steps: int = 6) -> tuple[Thread, list[Checkpoint]]:
+    settings.QUICKSAVE_SNAPSHOT_EVERY = 2  # snapshots repeat the attachment: it must still be stored once
+    thread, _ = store.create_thread(agent=agent)
+    head = store.append_checkpoint(thread=thread, parent=None, state={"files": {"contract.pdf": ATTACHMENT}, "n": 0})
+    written = [head]
+    for n in range(1, steps):
+        head = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": n}])
+        written.append(head)
+    head = store.append_checkpoint(
+        thread=thread, parent=head, patch=[{"op": "add", "path": "/report", "value": REPORT}]
+    )
+    return thread, [*written, head]
+
+
+def test_large_values_are_stored_once_and_restored_transparently(
+    agent: Agent, settings: Any, filesystem_blobs: Path
+) -> None:
+    thread, written = write_attachment_thread(agent, settings)
+
+    assert Blob.objects.filter(thread=thread).count() == 2  # the attachment once, the report once
+    assert sorted(Blob.objects.filter(thread=thread).values_list("type", flat=True)) == ["object", "string"]
+    files = [path for path in filesystem_blobs.rglob("*") if path.is_file()]
+    assert len(files) == 2 and all(b"PDF-bytes" not in path.read_bytes() for path in files)  # sealed
+    assert max(payload_bytes(thread)) < 2000  # checkpoints keep references, not the values
+    fresh_process()
+    assert store.state_at(written[3].pk) == {"files": {"contract.pdf": ATTACHMENT}, "n": 3}
+    assert store.state_at(written[-1].pk)["report"] == REPORT
+    raw = store.decode_payload(Checkpoint.objects.get(pk=written[0].pk), restore=False)
+    reference = raw["files"]["contract.pdf"]["$qs_blob"]
+    assert reference["size"] == len(ATTACHMENT) + 2 and reference["preview"].startswith("PDF-bytes-as-text")
+
+
+def test_an_altered_blob_fails_its_check(agent: Agent, settings: Any, filesystem_blobs: Path) -> None:
+    thread, written = write_attachment_thread(agent, settings, steps=2)
+    digest = Blob.objects.get(thread=thread, type="string").sha256
+    target = filesystem_blobs / blobs.blob_name(thread.pk, digest)
+    target.write_bytes(target.read_bytes()[:-1] + b"\x00")
+    fresh_process()
+    with pytest.raises(IntegrityFailure):
+        store.state_at(written[0].pk)
+
+
+def test_the_checkpoint_page_shows_a_preview_and_a_permission_checked_download(
+    agent: Agent, settings: Any, filesystem_blobs: Path, foreign_client: Client
+) -> None:
+    thread, written = write_attachment_thread(agent, settings, steps=2)
+    digest = Blob.objects.get(thread=thread, type="string").sha256
+    viewer = signed_in(person("vic", "viewer"))
+    page = viewer.get(f"/checkpoints/{written[0].pk}/").content.decode()
+    link = f"/threads/{thread.pk}/blobs/{digest}/"
+    assert 'id="large-values"' in page and link in page and "/files/contract.pdf" in page
+    assert ATTACHMENT not in page  # the tree and raw view show a placeholder, not 18 KB
+
+    download = viewer.get(link)
+    assert download.status_code == 200 and download.content.decode() == ATTACHMENT
+    assert download["Content-Disposition"].startswith("attachment;")
+    assert Client().get(link).status_code == 302  # to the sign-in page
+    assert foreign_client.get(link).status_code in (302, 404)
+    assert viewer.get(f"/threads/{thread.pk}/blobs/{'0' * 64}/").status_code == 404
+
+
+def test_blobs_of_a_deleted_thread_are_collected_after_the_grace_period(
+    agent: Agent, settings: Any, filesystem_blobs: Path
+) -> None:
+    thread, _ = write_attachment_thread(agent, settings, steps=2)
+    keep, _ = write_attachment_thread(agent, settings, steps=2)
+    store.delete_thread(thread)
+    assert blobs.collect_garbage(grace_seconds=3600).files == 0  # too recent: a write may be in flight
+    dry = blobs.collect_garbage(dry_run=True, grace_seconds=0)
+    assert dry.files == 2 and len([p for p in filesystem_blobs.rglob("*") if p.is_file()]) == 4
+    assert blobs.collect_garbage(grace_seconds=0).files == 2
+    remaining = [p for p in filesystem_blobs.rglob("*") if p.is_file()]
+    assert len(remaining) == 2 and all(str(keep.pk) in str(p) for p in remaining)
+    fresh_process()
+    assert store.latest_state(thread=keep)[1]["files"]["contract.pdf"] == ATTACHMENT
+
+
+# --------------------------------------------------------------------------- S3
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[str]:
+    pytest.importorskip("moto.server")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(url, timeout=1)
+            break
+        except httpx.HTTPError:
+            if time.monotonic() > deadline or process.poll() is not None:
+                process.kill()
+                raise RuntimeError("moto's S3 server did not start") from None
+            time.sleep(0.1)
+    yield url
+    process.terminate()
+    process.wait(10)
+
+
+def test_blobs_go_to_an_s3_compatible_server(agent: Agent, settings: Any, s3_server: str) -> None:
+    import boto3
+
+    credentials = {"aws_access_key_id": "quicksave", "aws_secret_access_key": "quicksave-secret"}
+    s3 = boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1", **credentials)
+    s3.create_bucket(Bucket="quicksave-blobs")
+    settings.QUICKSAVE_OFFLOAD_BYTES = LIMIT
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "quicksave_blobs": {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {
+                "bucket_name": "quicksave-blobs", "endpoint_url": s3_server, "region_name": "us-east-1",
+                "access_key": credentials["aws_access_key_id"], "secret_key": credentials["aws_secret_access_key"],
+                "location": "qs", "file_overwrite": True, "default_acl": None,
+            },
+        },
+    }  # fmt: skip
+    thread, written = write_attachment_thread(agent, settings, steps=4)
+
+    keys = [item["Key"] for item in s3.list_objects_v2(Bucket="quicksave-blobs").get("Contents", [])]
+    assert len(keys) == 2 and all(key.startswith(f"qs/t/{thread.pk}/") for key in keys)
+    body = s3.get_object(Bucket="quicksave-blobs", Key=keys[0])["Body"].read()
+    assert b"PDF-bytes" not in body and b"page 1" not in body
+    fresh_process()
+    assert store.state_at(written[2].pk)["files"]["contract.pdf"] == ATTACHMENT
+
+    store.delete_thread(thread)
+    assert blobs.collect_garbage(grace_seconds=0).files == 2
+    assert s3.list_objects_v2(Bucket="quicksave-blobs").get("KeyCount") == 0

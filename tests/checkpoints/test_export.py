@@ -1,0 +1,330 @@
+"""Export and import of a thread's trajectory as JSON Lines: the round trip (states, branches and
+forks), streaming in constant memory, who may export, integrity failures and precise import errors."""
+
+from __future__ import annotations
+
+import io
+import json
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.http import StreamingHttpResponse
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from agents.models import Agent
+from checkpoints import export, forks, store
+from checkpoints.export import InvalidTrajectory, import_thread
+from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
+from checkpoints.verify import verify_thread
+from tests.conftest import person, signed_in
+
+
+def build_trajectory(thread: Thread) -> list[Checkpoint]:
+    """Main with snapshots and deltas, a fork (made active, as a person's fork is) that goes on, and an
+    empty branch: every shape an export has to carry."""
+    written = [
+        store.append_checkpoint(
+            thread=thread, parent=None, state={"messages": [], "city": "Lisbon"}, step=0, label="start",
+            model={"name": "gpt-test", "version": "2024-05", "temperature": 0.2, "top_p": 0.9, "seed": 7},
+            metadata={"run": "a"},
+        )
+    ]  # fmt: skip
+    for i in range(1, 8):
+        written.append(
+            store.append_checkpoint(
+                thread=thread, parent=written[-1], step=i, label=f"step {i}", metadata={"i": i},
+                patch=[{"op": "add", "path": "/messages/-", "value": {"role": "tool", "content": f"result {i}"}}],
+                status=ThreadStatus.WAITING_FOR_APPROVAL if i == 7 else ThreadStatus.RUNNING,
+            )
+        )  # fmt: skip
+    admin = person("ada", "admin")
+    fork_head = forks.fork(
+        checkpoint=written[3], user=admin, reason="try Porto instead", branch="porto",
+        patch=[{"op": "replace", "path": "/city", "value": "Porto"}],
+    )  # fmt: skip
+    written.append(fork_head)
+    written.append(
+        store.append_checkpoint(
+            thread=thread, parent=fork_head, state={"messages": [], "city": "Porto", "done": True},
+            step=5, label="booked", status=ThreadStatus.COMPLETED,
+        )
+    )  # fmt: skip
+    store.start_branch(thread=thread, at=written[1], name="empty")
+    return written
+
+
+def lines_of(data: bytes) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in data.decode().splitlines()]
+
+
+def exported(thread: Thread) -> bytes:
+    return b"".join(export.export_lines(thread))
+
+
+def summary(checkpoint: Checkpoint) -> tuple[Any, ...]:
+    return (
+        store.get_branch_name(checkpoint.branch_id), checkpoint.seq, checkpoint.step, checkpoint.label,
+        checkpoint.status, checkpoint.source, checkpoint.model, checkpoint.metadata, checkpoint.schema_version,
+        store.state_at(checkpoint),
+    )  # fmt: skip
+
+
+def tree(thread: Thread) -> dict[str, tuple[Any, ...]]:
+    """Each branch's fork point (as branch and seq) and its checkpoints, ids left out."""
+    branches = {}
+    for branch in Branch.objects.filter(thread=thread).select_related("fork_point__branch").order_by("id"):
+        fork = branch.fork_point
+        rows = Checkpoint.objects.filter(branch=branch).order_by("seq")
+        branches[branch.name] = (
+            (fork.branch.name, fork.seq) if fork else None,
+            [summary(row) for row in rows],
+        )
+    return branches
+
+
+# --------------------------------------------------------------------------- round trip
+
+
+@pytest.mark.django_db
+def test_round_trip_restores_every_state_branch_and_fork(
+    settings: Any, agent: Agent, other_agent: Agent, thread: Thread
+) -> None:
+    settings.QUICKSAVE_SNAPSHOT_EVERY = 3  # so the file holds both `state` and `patch` lines
+    build_trajectory(thread)
+    thread.refresh_from_db()
+    data = exported(thread)
+    records = lines_of(data)
+    assert [r["type"] for r in records] == ["thread"] + ["checkpoint"] * 10 + ["end"]
+    assert {"state", "patch"} <= {key for r in records[1:-1] for key in r}
+    source_tree = tree(thread)
+
+    # Another installation: its own integrity key, nothing cached from the source.
+    settings.QUICKSAVE_INTEGRITY_KEY = "another-installation"
+    store.clear_caches()
+    before = Thread.objects.count()
+    copy = import_thread(file=io.BytesIO(data), agent=other_agent)
+
+    assert Thread.objects.count() == before + 1
+    assert (copy.agent, copy.external_id, copy.metadata) == (other_agent, thread.external_id, thread.metadata)
+    assert copy.status == thread.status == ThreadStatus.COMPLETED
+    assert copy.active_branch is not None and copy.active_branch.name == "porto"
+    assert copy.head_id is not None
+    head = Checkpoint.objects.get(pk=copy.head_id)
+    assert (head.label, store.state_at(head)) == ("booked", {"messages": [], "city": "Porto", "done": True})
+    assert list(verify_thread(copy)) == []  # MACs made with this installation's key
+    assert tree(copy) == source_tree
+    assert set(tree(copy)) == {"main", "porto", "empty"}
+    event = Event.objects.filter(thread=copy, type="thread.imported").get()
+    assert event.data["source_thread"] == str(thread.pk)
+
+
+@pytest.mark.django_db
+def test_commands_export_to_a_file_and_import_it_with_progress(
+    tmp_path: Path, agent: Agent, other_agent: Agent, thread: Thread
+) -> None:
+    written = build_trajectory(thread)
+    path = tmp_path / "trip.jsonl"
+    call_command("export_thread", str(thread.pk), "-o", str(path), stderr=io.StringIO())
+    assert lines_of(path.read_bytes())[-1] == {"type": "end", "checkpoints": len(written)}
+
+    out, err = io.StringIO(), io.StringIO()
+    call_command("import_thread", str(path), "--agent", "code-review", "--external-id", "trip-2", stdout=out,
+                 stderr=err)  # fmt: skip
+
+    copy = Thread.objects.get(agent=other_agent, external_id="trip-2")
+    assert str(copy.pk) in out.getvalue()
+    assert f"Imported {len(written)}/{len(written)} checkpoints (100%)" in err.getvalue()
+    assert tree(copy) == tree(thread)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+@pytest.mark.django_db
+def test_export_streams_in_batches_in_constant_memory(thread: Thread) -> None:
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"note": ""})
+    for i in range(3000):
+        note = f"{i:05d} " + "lorem ipsum dolor sit amet " * 40  # ~1 KiB per line, whatever the length
+        parent = store.append_checkpoint(thread=thread, parent=parent, patch=[
+            {"op": "replace", "path": "/note", "value": note}])  # fmt: skip
+
+    tracemalloc.start()
+    try:
+        with CaptureQueriesContext(connection) as queries:
+            total = sum(len(chunk) for chunk in export.export_lines(thread, batch_size=100))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+
+    assert total > 3_000_000
+    # Measured at about 0.6 MB: one batch of rows and one chunk of lines, never the whole export.
+    assert peak < 1_500_000, f"peak {peak} bytes for a {total}-byte export"
+    reads = [q for q in queries.captured_queries if 'FROM "checkpoints_checkpoint"' in q["sql"]]
+    assert len(reads) <= 3001 // 100 + 3  # batches, plus the per-branch counts
+
+
+@pytest.mark.django_db
+def test_api_export_is_a_streaming_ndjson_attachment(owner_client: APIClient, thread: Thread) -> None:
+    written = build_trajectory(thread)
+
+    response = owner_client.get(f"/api/v1/threads/{thread.pk}/export/", HTTP_ACCEPT="application/x-ndjson")
+
+    assert response.status_code == 200
+    assert isinstance(response, StreamingHttpResponse)
+    assert response["Content-Type"] == "application/x-ndjson"
+    assert response["Content-Disposition"] == f'attachment; filename="quicksave-thread-{thread.pk}.jsonl"'
+    records = lines_of(b"".join(response.streaming_content))
+    assert records[0]["id"] == str(thread.pk)
+    assert [r["id"] for r in records[1:-1]] == [str(c.pk) for c in sorted(written, key=lambda c: c.branch_id)]
+
+
+# --------------------------------------------------------------------------- who may export
+
+
+@pytest.mark.django_db
+def test_owner_key_and_viewer_may_export_others_get_404_or_401(
+    owner_client: APIClient, foreign_client: APIClient, viewer_client: APIClient, stranger_client: APIClient,
+    anonymous_client: APIClient, thread: Thread,
+) -> None:  # fmt: skip
+    store.append_checkpoint(thread=thread, parent=None, state={"secret": 1})
+    url = f"/api/v1/threads/{thread.pk}/export/"
+
+    assert owner_client.get(url).status_code == 200
+    assert viewer_client.get(url).status_code == 200
+    for client in (foreign_client, stranger_client):
+        response = client.get(url)
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+        assert b"secret" not in response.content
+    response = anonymous_client.get(url)
+    assert response.status_code in (401, 403)
+    assert response.json()["error"]["code"] == "not_authenticated"
+
+
+@pytest.mark.django_db
+def test_thread_page_links_to_the_export(thread: Thread) -> None:
+    page = signed_in(person("vera", "viewer")).get(f"/threads/{thread.pk}/")
+    assert page.status_code == 200
+    assert f'href="/api/v1/threads/{thread.pk}/export/"' in page.content.decode()
+    assert "Export JSONL" in page.content.decode()
+
+
+def test_openapi_schema_documents_the_export(viewer_client: APIClient) -> None:
+    schema = viewer_client.get("/api/schema/", {"format": "json"}).json()
+    operation = schema["paths"]["/api/v1/threads/{thread_id}/export/"]["get"]
+    assert "application/x-ndjson" in operation["responses"]["200"]["content"]
+
+
+# --------------------------------------------------------------------------- integrity
+
+
+@pytest.mark.django_db
+def test_a_tampered_row_ends_the_export_with_an_integrity_error(owner_client: APIClient, thread: Thread) -> None:
+    written = build_trajectory(thread)
+    tampered = written[4]
+    Checkpoint.objects.filter(pk=tampered.pk).update(label="edited behind Quicksave's back")
+
+    response = owner_client.get(f"/api/v1/threads/{thread.pk}/export/")
+    records = lines_of(b"".join(response.streaming_content))  # type: ignore[attr-defined]
+
+    assert [r["type"] for r in records] == ["thread"] + ["checkpoint"] * 4 + ["error"]
+    error = records[-1]["error"]
+    assert error["code"] == "integrity_failure"
+    assert error["detail"]["checkpoint"] == str(tampered.pk)
+    assert "fails its integrity check" in error["message"]
+
+
+@pytest.mark.django_db
+def test_importing_an_export_that_failed_names_the_error_line(other_agent: Agent, thread: Thread) -> None:
+    written = build_trajectory(thread)
+    Checkpoint.objects.filter(pk=written[2].pk).update(metadata={"i": 99})
+    data = exported(thread)
+
+    with pytest.raises(InvalidTrajectory, match=r"^line 4: the export failed here"):
+        import_thread(file=io.BytesIO(data), agent=other_agent)
+
+
+# --------------------------------------------------------------------------- malformed files
+
+
+def _edit(data: bytes, number: int, change: Any) -> bytes:
+    """The file with line `number` (1-based) passed through `change` (a dict edit, or None to drop it)."""
+    lines = data.decode().splitlines()
+    if change is None:
+        del lines[number - 1]
+    else:
+        record = json.loads(lines[number - 1])
+        change(record)
+        lines[number - 1] = json.dumps(record)
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _set_patch(record: dict[str, Any], patch: list[dict[str, Any]]) -> None:
+    record.pop("state", None)
+    record["patch"] = patch
+
+
+MALFORMED = [
+    # (what is wrong, line, edit, line and field named in the error)
+    ("a bad status", 3, lambda r: r.update(status="sleeping"), "line 3, field `status`"),
+    ("a step that is not a number", 5, lambda r: r.update(step="five"), "line 5, field `step`"),
+    ("both state and patch", 2, lambda r: r.update(patch=[]), "line 2, field `state`"),
+    ("an unknown model field", 2, lambda r: r["model"].update(temp=1), "line 2, field `model.temp`"),
+    ("an unknown field", 7, lambda r: r.update(colour="red"), "line 7, field `colour`"),
+    ("a parent that is not the previous checkpoint", 4, lambda r: r.update(parent=r["id"]),
+     "line 4, field `parent`"),
+    ("an unknown branch", 6, lambda r: r.update(branch="nope"), "line 6, field `branch`"),
+    ("a newer format version", 1, lambda r: r.update(version=2), "line 1, field `version`"),
+    ("a header without branches", 1, lambda r: r.pop("branches"), "line 1, field `branches`"),
+    ("a truncated file", 12, None, "line 12: the file ends without its `end` line"),
+    ("a missing checkpoint", 5, None, "line 5, field `parent`"),
+    # Only the store finds this one, while writing: the transaction takes back what it wrote.
+    ("a patch that does not apply", 3, lambda r: _set_patch(r, [{"op": "remove", "path": "/nope"}]),
+     "line 3, field `patch`"),
+]  # fmt: skip
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(("wrong", "number", "change", "named"), MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_file_names_line_and_field_and_writes_nothing(
+    other_agent: Agent, thread: Thread, wrong: str, number: int, change: Any, named: str
+) -> None:
+    build_trajectory(thread)
+    data = _edit(exported(thread), number, change)
+    counts = (Thread.objects.count(), Branch.objects.count(), Checkpoint.objects.count(), Event.objects.count())
+
+    with pytest.raises(InvalidTrajectory) as raised:
+        import_thread(file=io.BytesIO(data), agent=other_agent)
+
+    assert raised.value.message.startswith(named), raised.value.message
+    assert raised.value.detail["line"] == number
+    assert (Thread.objects.count(), Branch.objects.count(), Checkpoint.objects.count(),
+            Event.objects.count()) == counts  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_line_that_is_not_json_is_named(other_agent: Agent, thread: Thread) -> None:
+    build_trajectory(thread)
+    lines = exported(thread).split(b"\n")
+    lines[2] = lines[2][:40]
+
+    with pytest.raises(InvalidTrajectory, match=r"^line 3: not a JSON line"):
+        import_thread(file=io.BytesIO(b"\n".join(lines)), agent=other_agent)
+    assert not Thread.objects.filter(agent=other_agent).exists()
+
+
+@pytest.mark.django_db
+def test_import_command_reports_the_line_and_imports_nothing(tmp_path: Path, other_agent: Agent) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text('{"type": "thread"}\n')
+
+    with pytest.raises(
+        CommandError, match=r"bad.jsonl: line 1, field `type`: the first line must be the thread header"
+    ):
+        call_command("import_thread", str(path), "--agent", "code-review", stdout=io.StringIO(), stderr=io.StringIO())
+    assert not Thread.objects.exists()

@@ -1,0 +1,173 @@
+"""The Redis hot path, against a real redis-server this module starts, stops and restarts."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+import redis
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from agents.models import Agent
+from checkpoints import crypto, hotcache, store
+from checkpoints.models import Checkpoint, Thread
+from tests.conftest import person, signed_in
+from tests.processes import free_port
+
+SECRET = "sk-live-hot-0123456789abcdef"
+REDIS_SERVER = shutil.which("redis-server")
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine"),
+]
+
+
+class RedisServer:
+    """A private redis-server process on its own port: what the test stops and starts again."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None
+        self.process = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def entry(self, checkpoint_id: Any) -> bytes | None:
+        return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))
+
+
+@pytest.fixture
+def redis_server(settings: Any) -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    settings.REDIS_URL = server.url
+    settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
+    hotcache.reset()
+    store.clear_caches()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.kill()
+    hotcache.reset()
+    store.clear_caches()
+
+
+def grow(thread: Thread, steps: int) -> Checkpoint:
+    head = store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "key": SECRET})
+    for step in range(1, steps):
+        head = store.append_checkpoint(
+            thread=thread, parent=head, patch=[{"op": "add", "path": "/messages/-", "value": f"message {step}"}]
+        )
+    return head
+
+
+def a_fresh_process() -> None:
+    """Forget what this process materialised, as another server process would never have known it."""
+    store.clear_caches()
+    crypto.forget_keys()
+
+
+def replays(queries: CaptureQueriesContext) -> list[str]:
+    return [query["sql"] for query in queries.captured_queries if "payload" in query["sql"]]
+
+
+def test_a_heads_state_is_read_from_redis_without_replaying_deltas(agent: Agent, redis_server: RedisServer) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    head = grow(thread, 40)
+    a_fresh_process()
+    assert store.latest_state(thread=thread)[1]["messages"][-1] == "message 39"  # replays, then fills Redis
+
+    stored = redis_server.entry(head.pk)
+    assert stored is not None and SECRET.encode() not in stored and b"message 39" not in stored
+    a_fresh_process()
+    with CaptureQueriesContext(connection) as queries:
+        head_id, state = store.latest_state(thread=thread)
+    assert head_id == head.pk and len(state["messages"]) == 39 and state["key"] == SECRET
+    assert replays(queries) == []  # only the head lookup; no payload read
+
+
+def test_a_reader_never_sees_a_state_older_than_an_acknowledged_write(agent: Agent, redis_server: RedisServer) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    head = grow(thread, 5)
+    a_fresh_process()
+    store.latest_state(thread=thread)  # the old head is now in Redis
+    newer = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/key", "value": 1}])
+    a_fresh_process()
+    head_id, state = store.latest_state(thread=thread)
+    assert head_id == newer.pk and state["key"] == 1
+
+
+def test_an_entry_moved_to_another_checkpoint_is_refused(agent: Agent, redis_server: RedisServer) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    head = grow(thread, 3)
+    other_thread, _ = store.create_thread(agent=agent)
+    other = store.append_checkpoint(thread=other_thread, parent=None, state={"mine": True})
+    a_fresh_process()
+    store.latest_state(thread=thread)
+    client = redis_server.client()
+    moved = redis_server.entry(head.pk)
+    assert moved is not None
+    client.set(f"{hotcache.PREFIX}{other.pk}", moved)
+    a_fresh_process()
+    assert store.latest_state(thread=other_thread)[1] == {"mine": True}
+
+
+def test_with_redis_killed_everything_works_from_postgres_and_the_cache_recovers(
+    agent: Agent, redis_server: RedisServer
+) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    head = grow(thread, 10)
+    a_fresh_process()
+    store.latest_state(thread=thread)
+    viewer: Client = signed_in(person("vera", "viewer"))
+    assert Client().get("/healthz").json()["cache"]["status"] == "ok"
+
+    redis_server.kill()
+    a_fresh_process()
+    head = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "add", "path": "/after", "value": 1}])
+    head_id, state = store.latest_state(thread=thread)
+    assert head_id == head.pk and state["after"] == 1 and len(state["messages"]) == 9
+    health = Client().get("/healthz")
+    assert health.status_code == 200
+    assert health.json()["status"] == "degraded" and health.json()["cache"]["status"] == "degraded"
+    time.sleep(2.1)  # pages probe Redis at most every 2 s
+    page = viewer.get(f"/threads/{thread.pk}/").content.decode()
+    assert 'id="cache-degraded"' in page and "Everything still works from PostgreSQL" in page
+
+    redis_server.start()
+    a_fresh_process()
+    assert store.latest_state(thread=thread)[0] == head.pk
+    assert redis_server.client().exists(f"{hotcache.PREFIX}{head.pk}")
+    assert Client().get("/healthz").json()["cache"]["status"] == "ok"
+    time.sleep(2.1)
+    assert 'id="cache-degraded"' not in viewer.get(f"/threads/{thread.pk}/").content.decode()

@@ -1,0 +1,76 @@
+"""Schemathesis against /api/schema/: generated requests, valid and invalid, to every operation of a
+running server, signed with an agent key. No answer may be a 5xx, a 2xx must match its documented
+schema, and every 4xx must be in the error format."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
+
+from agents.keys import create_agent_key, get_or_create_agent
+from agents.models import RunReason
+from agents.runs import enqueue_run
+from approvals.services import request_approval
+from checkpoints import store
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+# Per operation; about twenty operations, so this bounds the whole run (well under a minute on 2 cores).
+EXAMPLES_PER_OPERATION = 20
+
+
+@pytest.fixture
+def world(transactional_db: Any) -> dict[str, str]:
+    """Committed rows for the server process: an agent key, a thread with two checkpoints, an approval, a run."""
+    agent = get_or_create_agent(name="travel")
+    _, key = create_agent_key(agent=agent, label="schemathesis")
+    thread, _ = store.create_thread(agent=agent, external_id="fuzzed")
+    first = store.append_checkpoint(thread=thread, parent=None, state={"a": 1, "items": [1, 2]})
+    checkpoint = store.append_checkpoint(thread=thread, parent=first.pk, state={"a": 2, "items": [1, 2, 3]})
+    approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})
+    run = enqueue_run(thread=thread, checkpoint=checkpoint, reason=RunReason.START)
+    return {
+        "key": key,
+        "thread_id": str(thread.pk),
+        "checkpoint_id": str(checkpoint.pk),
+        "approval_id": str(approval.pk),
+        "run_id": str(run.pk),
+    }
+
+
+@pytest.fixture
+def api_schema(server_url: str) -> Any:
+    return schemathesis.openapi.from_url(f"{server_url}/api/schema/?format=json")
+
+
+schema = schemathesis.pytest.from_fixture("api_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True,
+          suppress_health_check=list(HealthCheck))  # fmt: skip
+def test_generated_requests_get_no_5xx_and_answers_match_the_schema(case: Any, world: dict[str, str]) -> None:
+    # Real ids in the path, so generated bodies and queries reach the views rather than a 404.
+    for name, value in world.items():
+        if name in (case.path_parameters or {}):
+            case.path_parameters[name] = value
+    response = case.call_and_validate(
+        headers={"Authorization": f"Bearer {world['key']}"},
+        checks=[not_a_server_error, response_schema_conformance, content_type_conformance],
+    )
+    if response.status_code >= 400:
+        assert_error_format(response.json())
+
+
+def assert_error_format(body: Any) -> None:
+    assert isinstance(body, dict) and set(body) == {"error"}, body
+    error = body["error"]
+    assert set(error) == {"code", "message", "detail"}, body
+    assert isinstance(error["code"], str) and error["code"].islower(), body
+    assert isinstance(error["message"], str) and error["message"], body
+    assert isinstance(error["detail"], dict), body

@@ -17,9 +17,36 @@ class Agent(models.Model):
         default=dict, blank=True, help_text="{action: JSON Schema} that edited approval args must satisfy."
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    # Retention, applied by `manage.py prune` (checkpoints/retention.py); set with `manage.py retention`.
+    # NULL keeps threads forever / never compacts.
+    retain_completed_days = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Delete completed threads this many days after their last update."
+    )
+    retain_failed_days = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Delete failed threads this many days after their last update."
+    )
+    compact_after = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Compact threads that have more than this many checkpoints."
+    )
+    compact_keep_every = models.PositiveIntegerField(
+        null=True, blank=True, help_text="When compacting, keep every Nth checkpoint of each branch."
+    )
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=(models.Q(retain_completed_days__isnull=True) | models.Q(retain_completed_days__gte=1))
+                & (models.Q(retain_failed_days__isnull=True) | models.Q(retain_failed_days__gte=1)),
+                name="agent_retention_days_positive",
+            ),
+            # Compaction needs both numbers, and keeping every checkpoint (1) is no compaction.
+            models.CheckConstraint(
+                condition=models.Q(compact_after__isnull=True, compact_keep_every__isnull=True)
+                | models.Q(compact_after__gte=1, compact_keep_every__gte=2),
+                name="agent_compaction_complete",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.name

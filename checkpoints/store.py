@@ -18,6 +18,7 @@ replay of deltas. A writer still learns the branch head from the database.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections import OrderedDict
@@ -103,6 +104,12 @@ class _StateCache:
             while self._bytes > budget and self._nodes:
                 _, evicted = self._nodes.popitem(last=False)
                 self._bytes -= evicted.state_bytes
+
+    def drop(self, checkpoint_id: UUID) -> None:
+        with self._lock:
+            node = self._nodes.pop(checkpoint_id, None)
+            if node is not None:
+                self._bytes -= node.state_bytes
 
     def clear(self) -> None:
         with self._lock:
@@ -198,6 +205,14 @@ def set_thread_status(*, thread: Thread | UUID, status: str) -> None:
 # --------------------------------------------------------------------------- writes
 
 
+class _StaleCache(Exception):
+    """The cached parent's MAC is not the stored one any more (its row was compacted)."""
+
+    def __init__(self, parent_id: UUID) -> None:
+        super().__init__(parent_id)
+        self.parent_id = parent_id
+
+
 def append_checkpoint(
     *,
     thread: Thread,
@@ -221,6 +236,34 @@ def append_checkpoint(
     first, InvalidState / InvalidPatch / StateTooLarge for input the store
     refuses; a refused write leaves nothing behind.
     """
+    write = functools.partial(
+        _append, thread=thread, parent=parent, state=state, patch=patch, branch=branch, step=step, label=label,
+        status=status, model=model, metadata=metadata, schema_version=schema_version, source=source,
+        tool_results=tool_results,
+    )  # fmt: skip
+    try:
+        return write()
+    except _StaleCache as stale:
+        _cache.drop(stale.parent_id)
+        return write()
+
+
+def _append(
+    *,
+    thread: Thread,
+    parent: Checkpoint | UUID | None,
+    state: dict[str, Any] | None = None,
+    patch: list[dict[str, Any]] | None = None,
+    branch: str | None = None,
+    step: int | None = None,
+    label: str = "",
+    status: str = CheckpointStatus.RUNNING,
+    model: dict[str, Any] | None = None,
+    metadata: dict[str, Any] | None = None,
+    schema_version: int = 1,
+    source: str = CheckpointSource.AGENT,
+    tool_results: list[dict[str, Any]] | None = None,
+) -> Checkpoint:
     if (state is None) == (patch is None):
         raise InvalidState("Give exactly one of `state` (the full new state) or `patch` (RFC 6902 ops).")
     fields = _checked_fields(
@@ -271,6 +314,7 @@ def append_checkpoint(
     )  # fmt: skip
     params = {
         **fields, "id": checkpoint_id, "thread_id": thread.pk, "branch_id": branch_id, "parent_id": parent_id,
+        "parent_mac": parent_node.integrity if parent_node else None,
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": timezone.now(), "metadata": Jsonb(fields["metadata"]),
         "event": Jsonb({
@@ -322,12 +366,16 @@ WITH cp AS (
         id, thread_id, branch_id, parent_id, seq, step, label, status, source, model_name, model_version,
         temperature, top_p, seed, metadata, schema_version, kind, payload, chain_length, chain_bytes,
         state_bytes, integrity, created_at)
-    VALUES (%(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::int,
+    SELECT %(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::int,
         %(step)s::int, %(label)s::text, %(status)s::text, %(source)s::text, %(model_name)s::text,
         %(model_version)s::text, %(temperature)s::float8, %(top_p)s::float8, %(seed)s::bigint,
         %(metadata)s::jsonb, %(schema_version)s::int, %(kind)s::smallint, %(payload)s::bytea,
         %(chain_length)s::int, %(chain_bytes)s::int, %(state_bytes)s::int, %(integrity)s::bytea,
-        %(created_at)s::timestamptz)
+        %(created_at)s::timestamptz
+    -- The MAC this row chains from must still be its parent's: a parent rewritten by compaction
+    -- since this process cached it makes the write retry from the stored row.
+    WHERE %(parent_id)s::uuid IS NULL OR EXISTS (
+        SELECT 1 FROM checkpoints_checkpoint p WHERE p.id = %(parent_id)s::uuid AND p.integrity = %(parent_mac)s::bytea)
     ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
     RETURNING id
 ), bumped AS (
@@ -378,6 +426,9 @@ def _insert(params: dict[str, Any], *, branch_name: str) -> None:
                                data=params["event"].obj)  # fmt: skip
         return
     head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
+    if (head is None and params["seq"] == 1) or head == (params["parent_id"], params["seq"] - 1):
+        # Nobody wrote first: the parent's MAC changed under this process's cache.
+        raise _StaleCache(params["parent_id"])
     raise StaleParent(
         f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
         f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
@@ -660,7 +711,9 @@ def _replay(checkpoint_id: UUID) -> Node:
     start, node, owned = 0, None, True
     for index in range(len(rows) - 1, -1, -1):
         hit = _cache.get(rows[index].id)
-        if hit is not None:
+        if hit is not None and hit.integrity != rows[index].integrity:
+            _cache.drop(hit.id)  # its row was rewritten (compaction) since it was cached
+        elif hit is not None:
             node, start, owned = hit, index + 1, False
             break
     if node is None:

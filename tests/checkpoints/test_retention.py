@@ -490,3 +490,26 @@ def test_compaction_keeps_large_values_and_prune_collects_those_left_behind(agen
     after = every_state(thread)
     assert after == {pk: before[pk] for pk in after}
     assert list(verify_thread(thread)) == []
+
+
+def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_after_compaction(
+    agent: Agent,
+) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    written = long_history(thread, 60)
+    head = written[-1]
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
+    store.clear_caches()
+    expected = store.state_at(head)
+    # What another server process holds: the head and a middle checkpoint as they were before.
+    stale = [store.load_node(head.pk), store.load_node(written[31].pk)]
+    retention.compact_thread(thread=thread, keep_every=7)
+    assert Checkpoint.objects.get(pk=head.pk).integrity != stale[0].integrity  # the head's chain was rewritten
+
+    for node in stale:
+        store._cache.put(node)  # the other process never heard of the compaction
+    assert store.state_at(head) == expected
+    after = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/step", "value": 99}])
+    store.clear_caches()
+    assert store.state_at(after) == {**expected, "step": 99}
+    assert list(verify_thread(Thread.objects.get(pk=thread.pk))) == []

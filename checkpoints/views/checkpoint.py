@@ -6,7 +6,7 @@ import json
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Q
+from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
@@ -73,7 +73,10 @@ def thread_label(thread: Thread) -> str:
 
 def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None]:
     """(previous, next): the parent, and the child that continues the same branch."""
-    wanted = Q(thread_id=checkpoint.thread_id, branch_id=checkpoint.branch_id, seq=checkpoint.seq + 1)
+    # The next seq on the branch (seqs have gaps where compaction removed checkpoints).
+    later = Checkpoint.objects.filter(thread_id=checkpoint.thread_id, branch_id=checkpoint.branch_id,
+                                      seq__gt=checkpoint.seq).order_by("seq").values("pk")[:1]  # fmt: skip
+    wanted = Q(pk=Subquery(later))
     if checkpoint.parent_id is not None:
         wanted |= Q(pk=checkpoint.parent_id)
     previous = following = None

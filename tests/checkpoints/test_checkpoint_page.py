@@ -190,6 +190,14 @@ def test_on_a_branch_previous_is_the_fork_point_and_next_stays_on_the_branch(
     assert "cheaper-hotel" in html
 
 
+def test_next_skips_a_gap_left_by_compaction(page_client: Client, trip: list[Checkpoint]) -> None:
+    later = store.append_checkpoint(thread=trip[2].thread, parent=trip[2], label="pay",
+                                    patch=[{"op": "add", "path": "/facts/paid", "value": True}])  # fmt: skip
+    Checkpoint.objects.filter(pk=later.pk).update(seq=7)  # seqs 4-6 were compacted away
+
+    assert link(page_client.get(url(trip[2])).content.decode(), "next") == url(later)
+
+
 # --------------------------------------------------------------------------- tool results
 
 

@@ -22,8 +22,9 @@ import functools
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -213,6 +214,25 @@ class _StaleCache(Exception):
         self.parent_id = parent_id
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _retrying_stale_cache(write: Callable[P, R]) -> Callable[P, R]:
+    """Run a write again, from the stored parent, when the cached parent turns out stale."""
+
+    @functools.wraps(write)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return write(*args, **kwargs)
+        except _StaleCache as stale:
+            _cache.drop(stale.parent_id)
+            return write(*args, **kwargs)
+
+    return wrapper
+
+
+@_retrying_stale_cache
 def append_checkpoint(
     *,
     thread: Thread,
@@ -236,34 +256,6 @@ def append_checkpoint(
     first, InvalidState / InvalidPatch / StateTooLarge for input the store
     refuses; a refused write leaves nothing behind.
     """
-    write = functools.partial(
-        _append, thread=thread, parent=parent, state=state, patch=patch, branch=branch, step=step, label=label,
-        status=status, model=model, metadata=metadata, schema_version=schema_version, source=source,
-        tool_results=tool_results,
-    )  # fmt: skip
-    try:
-        return write()
-    except _StaleCache as stale:
-        _cache.drop(stale.parent_id)
-        return write()
-
-
-def _append(
-    *,
-    thread: Thread,
-    parent: Checkpoint | UUID | None,
-    state: dict[str, Any] | None = None,
-    patch: list[dict[str, Any]] | None = None,
-    branch: str | None = None,
-    step: int | None = None,
-    label: str = "",
-    status: str = CheckpointStatus.RUNNING,
-    model: dict[str, Any] | None = None,
-    metadata: dict[str, Any] | None = None,
-    schema_version: int = 1,
-    source: str = CheckpointSource.AGENT,
-    tool_results: list[dict[str, Any]] | None = None,
-) -> Checkpoint:
     if (state is None) == (patch is None):
         raise InvalidState("Give exactly one of `state` (the full new state) or `patch` (RFC 6902 ops).")
     fields = _checked_fields(

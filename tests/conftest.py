@@ -15,6 +15,7 @@ from agents.models import Agent
 from checkpoints import store
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
+from tests.processes import REDIS_SERVER, RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -127,3 +128,23 @@ def server_url(django_db_setup: Any) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(process)
+
+
+@pytest.fixture
+def redis_server(settings: Any) -> Iterator[RedisServer]:
+    """A private redis-server as the hot cache, which a test may kill and start again."""
+    from checkpoints import hotcache, store
+
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed on this machine")
+    server = RedisServer()
+    server.start()
+    settings.REDIS_URL = server.url
+    settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
+    hotcache.reset()
+    store.clear_caches()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.kill()
+    hotcache.reset()
+    store.clear_caches()

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any, cast
 from urllib.parse import quote, urlencode, urlunsplit
 
 import httpx
+import redis
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,3 +79,47 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+REDIS_SERVER = shutil.which("redis-server")
+
+
+class RedisServer:
+    """A private redis-server process on its own port: what the test stops and starts again."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        assert REDIS_SERVER is not None
+        self.process = subprocess.Popen(
+            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = self.client()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(10)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis.from_url(self.url)
+
+    def entry(self, checkpoint_id: Any) -> bytes | None:
+        """The hot-cache entry of a checkpoint, as Redis holds it."""
+        from checkpoints import hotcache
+
+        return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))

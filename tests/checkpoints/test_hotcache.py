@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
-import signal
-import subprocess
 import time
-from collections.abc import Iterator
-from typing import Any, cast
 
 import pytest
-import redis
 from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -19,67 +13,13 @@ from agents.models import Agent
 from checkpoints import crypto, hotcache, store
 from checkpoints.models import Checkpoint, Thread
 from tests.conftest import person, signed_in
-from tests.processes import free_port
+from tests.processes import REDIS_SERVER, RedisServer
 
 SECRET = "sk-live-hot-0123456789abcdef"
-REDIS_SERVER = shutil.which("redis-server")
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine"),
 ]
-
-
-class RedisServer:
-    """A private redis-server process on its own port: what the test stops and starts again."""
-
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        assert REDIS_SERVER is not None
-        self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(10)
-
-    def client(self) -> redis.Redis:
-        return redis.Redis.from_url(self.url)
-
-    def entry(self, checkpoint_id: Any) -> bytes | None:
-        return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))
-
-
-@pytest.fixture
-def redis_server(settings: Any) -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    settings.REDIS_URL = server.url
-    settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
-    hotcache.reset()
-    store.clear_caches()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.kill()
-    hotcache.reset()
-    store.clear_caches()
 
 
 def grow(thread: Thread, steps: int) -> Checkpoint:

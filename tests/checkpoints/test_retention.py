@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,13 @@ from agents.keys import get_or_create_agent
 from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
 from approvals.services import request_approval
-from checkpoints import export, hotcache, retention, store
+from checkpoints import export, retention, store
 from checkpoints.export import import_thread
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey, ThreadStatus, ToolResult
 from checkpoints.tools import put_tool_result
 from checkpoints.verify import verify_thread
-from tests.checkpoints.test_hotcache import REDIS_SERVER, RedisServer, a_fresh_process
+from tests.checkpoints.test_hotcache import a_fresh_process
+from tests.processes import REDIS_SERVER, RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -38,20 +38,6 @@ def private_blob_storage(settings: Any, tmp_path: Path) -> Path:
         },
     }
     return tmp_path
-
-
-@pytest.fixture
-def redis_server(settings: Any) -> Iterator[RedisServer]:
-    """A private redis-server as the hot cache (see test_hotcache.py)."""
-    server = RedisServer()
-    server.start()
-    settings.REDIS_URL = server.url
-    settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
-    hotcache.reset()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.kill()
-    hotcache.reset()
 
 
 def finished(agent: Agent, *, status: str, days_old: float, steps: int = 3) -> Thread:

@@ -301,11 +301,16 @@ class Collected:
 
 
 def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Collected:
-    """Delete blobs no remaining checkpoint refers to: rows whose digest no payload of their
-    thread names, then files without a row (their thread was deleted) older than the grace
-    period (a write in flight uploads its file before its row commits)."""
+    """Delete blobs no remaining checkpoint refers to.
+
+    First the rows whose digest no payload of their thread names (compaction removed the last
+    checkpoint holding it); then the files of threads deleted here, and files of live threads
+    without a row that are older than the grace period (a write in flight uploads its file
+    before its row commits). Files of threads this installation does not know are left alone:
+    the storage may be shared with another installation.
+    """
     from checkpoints import store
-    from checkpoints.models import Blob, Checkpoint
+    from checkpoints.models import Blob, Checkpoint, DeletedThread, Thread
 
     rows = files = freed = 0
     for thread_id in Blob.objects.values_list("thread_id", flat=True).distinct():
@@ -320,30 +325,51 @@ def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Coll
                 _delete_file(blob_name(thread_id, blob.sha256))
                 blob.delete()
     known = {blob_name(thread_id, digest) for thread_id, digest in Blob.objects.values_list("thread_id", "sha256")}
+    deleted = {str(thread_id) for thread_id in DeletedThread.objects.values_list("thread_id", flat=True)}
     cutoff = time.time() - grace_seconds
-    for name in _stored_names():
-        if name in known:
-            continue
-        try:
-            old = storage().get_modified_time(name).timestamp() < cutoff
-        except (NotImplementedError, OSError):
-            old = True
-        if old:
-            files += 1
+    for thread_dir, names in _stored_names():
+        if thread_dir in deleted:
+            files += len(names)
             if not dry_run:
-                _delete_file(name)
+                for name in names:
+                    _delete_file(name)
+            continue
+        if not _is_uuid(thread_dir) or not Thread.objects.filter(pk=thread_dir).exists():
+            continue  # not ours
+        for name in names:
+            if name not in known and _modified_before(name, cutoff):
+                files += 1
+                if not dry_run:
+                    _delete_file(name)
+    if not dry_run:
+        DeletedThread.objects.filter(thread_id__in=deleted).delete()
     return Collected(rows=rows, files=files, bytes=freed)
 
 
-def _stored_names() -> Iterator[str]:
+def _modified_before(name: str, cutoff: float) -> bool:
+    try:
+        return storage().get_modified_time(name).timestamp() < cutoff
+    except (NotImplementedError, OSError):
+        return True
+
+
+def _is_uuid(text: str) -> bool:
+    try:
+        UUID(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _stored_names() -> Iterator[tuple[str, list[str]]]:
+    """(thread id, its blob file names) for every thread folder in blob storage."""
     try:
         thread_dirs, _ = storage().listdir("t")
     except (FileNotFoundError, OSError):
         return
     for thread_dir in thread_dirs:
         _, names = storage().listdir(f"t/{thread_dir}")
-        for name in names:
-            yield f"t/{thread_dir}/{name}"
+        yield thread_dir, [f"t/{thread_dir}/{name}" for name in names]
 
 
 def _delete_file(name: str) -> None:

@@ -218,6 +218,20 @@ class Blob(models.Model):
         return f"{self.sha256[:12]} ({self.size} bytes)"
 
 
+class DeletedThread(models.Model):
+    """A thread this installation deleted, until `manage.py prune` has removed its blob files.
+
+    Blob storage may be shared (one bucket, several installations); only threads known to be
+    deleted here, or alive here, have their files collected.
+    """
+
+    thread_id = models.UUIDField(primary_key=True)
+    deleted_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.thread_id} (deleted {self.deleted_at:%Y-%m-%d})"
+
+
 class ToolResult(models.Model):
     """A tool call's result cached per thread, so a resumed agent never repeats the call."""
 

@@ -44,6 +44,7 @@ from checkpoints.models import (
     Checkpoint,
     CheckpointSource,
     CheckpointStatus,
+    DeletedThread,
     Event,
     PayloadKind,
     Thread,
@@ -857,4 +858,5 @@ def delete_thread(thread: Thread) -> None:
         Checkpoint.objects.filter(thread=thread).update(parent=None)
         crypto.shred(thread.pk)
         Thread.objects.filter(pk=thread.pk).delete()
+        DeletedThread.objects.get_or_create(thread_id=thread.pk)  # its blob files go at the next prune
     _forget_thread(thread.pk)

@@ -118,18 +118,30 @@ def test_the_checkpoint_page_shows_a_preview_and_a_permission_checked_download(
     assert viewer.get(f"/threads/{thread.pk}/blobs/{'0' * 64}/").status_code == 404
 
 
-def test_blobs_of_a_deleted_thread_are_collected_after_the_grace_period(
+def test_prune_collects_blobs_of_deleted_threads_and_leaves_other_installations_alone(
     agent: Agent, settings: Any, filesystem_blobs: Path
 ) -> None:
-    thread, _ = write_attachment_thread(agent, settings, steps=2)
+    gone, _ = write_attachment_thread(agent, settings, steps=2)
     keep, _ = write_attachment_thread(agent, settings, steps=2)
-    store.delete_thread(thread)
-    assert blobs.collect_garbage(grace_seconds=3600).files == 0  # too recent: a write may be in flight
+    # A file of a live thread with no row (a write that rolled back after its upload), and the
+    # folder of a thread another installation sharing this storage wrote.
+    orphan = filesystem_blobs / "t" / str(keep.pk) / "orphan"
+    orphan.write_bytes(b"sealed")
+    stranger = filesystem_blobs / "t" / "01a20000-0000-7000-8000-000000000001"
+    stranger.mkdir()
+    (stranger / "theirs").write_bytes(b"sealed")
+    store.delete_thread(gone)
+
+    assert blobs.collect_garbage(grace_seconds=3600).files == 2  # the deleted thread's; the orphan is too recent
+    assert not (filesystem_blobs / "t" / str(gone.pk)).exists() or not any(
+        (filesystem_blobs / "t" / str(gone.pk)).iterdir()
+    )
     dry = blobs.collect_garbage(dry_run=True, grace_seconds=0)
-    assert dry.files == 2 and len([p for p in filesystem_blobs.rglob("*") if p.is_file()]) == 4
-    assert blobs.collect_garbage(grace_seconds=0).files == 2
-    remaining = [p for p in filesystem_blobs.rglob("*") if p.is_file()]
-    assert len(remaining) == 2 and all(str(keep.pk) in str(p) for p in remaining)
+    assert dry.files == 1 and orphan.exists()
+    assert blobs.collect_garbage(grace_seconds=0).files == 1
+    assert not orphan.exists() and (stranger / "theirs").exists()
+    kept = [p for p in (filesystem_blobs / "t" / str(keep.pk)).iterdir()]
+    assert len(kept) == 2
     fresh_process()
     assert store.latest_state(thread=keep)[1]["files"]["contract.pdf"] == ATTACHMENT
 

@@ -39,6 +39,7 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/{thread}/", None, (200, 404, 200, 200, 200, 401)),
     ("GET", "/api/v1/threads/{thread}/checkpoints/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/checkpoints/", CHECKPOINT, (201, 404, 403, 403, 201, 401)),
+    ("GET", "/api/v1/threads/{thread}/export/", None, (200, 404, 200, 200, 200, 401)),
     ("GET", "/api/v1/checkpoints/{head}/", None, (200, 404, 200, 200, 200, 401)),
     ("GET", "/api/v1/checkpoints/{head}/diff/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/checkpoints/{first}/fork/", {"reason": "try again"}, (403, 404, 403, 403, 201, 401)),
@@ -74,6 +75,8 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("POST", "/threads/{thread}/resume/", {"reason": "go"}, (302, 302, 403, 403, 409, 302)),
     ("GET", "/threads/{thread}/delete/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/threads/{thread}/delete/", {"reason": "erase"}, (302, 302, 403, 403, 409, 302)),
+    # A digest the thread has no blob for: who may read the thread gets to the 404, nobody else.
+    ("GET", "/threads/{thread}/blobs/{digest}/", None, (302, 302, 404, 404, 404, 302)),
     ("GET", "/inbox/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
     ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),
@@ -131,7 +134,7 @@ def build_world() -> World:
     assert run is not None
     ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk}
     return World(
-        ids={**{name: str(value) for name, value in ids.items()}, "tool": "search-1"},
+        ids={**{name: str(value) for name, value in ids.items()}, "tool": "search-1", "digest": "0" * 64},
         keys={OWNER: owner_secret, FOREIGN: foreign_secret},
     )
 

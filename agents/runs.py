@@ -97,9 +97,9 @@ def heartbeat(*, run: Run, worker: str, lease_seconds: int | None = None) -> Run
 
 
 def finish_run(*, run: Run, worker: str, status: str, error: str = "") -> Run:
-    """Close a run this worker holds as completed or failed."""
-    if status not in (RunStatus.COMPLETED, RunStatus.FAILED):
-        raise ValueError(f"a run finishes as completed or failed, not {status!r}")
+    """Close a run this worker holds as completed, failed or cancelled (its thread was cancelled)."""
+    if status not in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
+        raise ValueError(f"a run finishes as completed, failed or cancelled, not {status!r}")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status != RunStatus.RUNNING:

@@ -27,7 +27,7 @@ from agents.runs import enqueue_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import store
 from checkpoints.errors import StaleParent
-from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from checkpoints.tools import get_tool_result, put_tool_result, tool_key
 
 log = logging.getLogger(__name__)
@@ -183,8 +183,8 @@ def start_thread(*, agent_class: type[Agent], external_id: str | None = None, **
 def execute(run: Run, *, max_steps: int = 1000) -> str:
     """Drive the run's agent from the run's checkpoint until it finishes, fails or suspends.
 
-    Returns what happened: "done", "failed", "suspended" or "stale" (someone else moved
-    the branch on: this run is obsolete).
+    Returns what happened: "done", "failed", "suspended", "stale" (someone else moved
+    the branch on: this run is obsolete) or "cancelled" (the thread was cancelled meanwhile).
     """
     thread = Thread.objects.select_related("agent").get(pk=run.thread_id)
     agent_class = _registry.get(thread.agent.name)
@@ -225,6 +225,10 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
         except Exception as exc:
             log.exception("agent %s failed in thread %s", agent.name, thread.pk)
             result = Fail(reason=f"{type(exc).__name__}: {exc}")
+        if Thread.objects.filter(pk=thread.pk, status=ThreadStatus.CANCELLED).exists():
+            # An admin cancelled the thread during this step: its result is not committed.
+            log.info("run %s stops: thread %s was cancelled", run.pk, thread.pk)
+            return "cancelled"
         try:
             _commit(ctx, result)
         except StaleParent:

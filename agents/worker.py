@@ -97,8 +97,8 @@ class Worker:
             return True
         beat.stopped.set()
         log.info("run %s (%s) of thread %s: %s", run.pk, run.reason, run.thread_id, outcome)
-        self._finish(run, RunStatus.FAILED if outcome == "failed" else RunStatus.COMPLETED,
-                     "the agent failed" if outcome == "failed" else "")  # fmt: skip
+        status = {"failed": RunStatus.FAILED, "cancelled": RunStatus.CANCELLED}.get(outcome, RunStatus.COMPLETED)
+        self._finish(run, status, "the agent failed" if outcome == "failed" else "")
         return True
 
     def _finish(self, run: Run, status: str, error: str) -> None:

@@ -281,7 +281,8 @@ def resume_failed(*, thread: Thread, user: User, reason: str, address: str | Non
 def cancel(*, thread: Thread, user: User, reason: str, address: str | None = None) -> Thread:
     """Cancel a thread: its pending approvals and queued runs are cancelled with it.
 
-    A run a worker already holds is not interrupted; it finishes the step in flight.
+    A run a worker already holds is not interrupted mid-step: the runtime sees the
+    cancellation when the step returns and stops without committing it.
     """
     check_can_cancel(user)
     reason = _reason(reason)

@@ -168,3 +168,33 @@ def test_a_state_written_by_v1_is_upcast_for_a_v2_agent(db: Any, monkeypatch: py
     latest = Checkpoint.objects.filter(thread=thread).order_by("-seq").first()
     assert latest is not None and latest.schema_version == 2
     assert store.state_at(latest)["notes"] == ["written by v1", "written by v2"]
+
+
+class _Counter(Agent):
+    """Counts; during its third step an admin cancels the thread (as from the dashboard)."""
+
+    name = "counter-test"
+
+    def step(self, ctx: Context) -> StepResult:
+        ctx.state["n"] = ctx.state.get("n", 0) + 1
+        if ctx.state["n"] == 3:
+            from checkpoints.forks import cancel
+
+            admin = User.objects.create_superuser("ada-cancel", password="pw-12345678")
+            cancel(thread=ctx.thread, user=admin, reason="wrong customer")
+        return Continue(f"count {ctx.state['n']}") if ctx.state["n"] < 10 else Done("counted")
+
+
+def test_a_run_stops_without_committing_when_its_thread_is_cancelled_mid_step(
+    db: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(runtime._registry, "counter-test", _Counter)
+    thread = start_thread(agent_class=_Counter, external_id="count")
+
+    assert Worker(name="counter", agent_names=["counter-test"]).run_once()
+
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.CANCELLED
+    labels = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("label", flat=True))
+    assert labels[-2:] == ["count 1", "count 2"]  # step 3's result was not written
+    assert Run.objects.get(thread=thread).status == RunStatus.CANCELLED

@@ -53,7 +53,7 @@ from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Collate
 from langchain_core.runnables import RunnableConfig
@@ -221,7 +221,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         rows = _by_lg_id(Checkpoint.objects.filter(thread=thread))
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id:
-            rows = rows.filter(metadata__lg_id=checkpoint_id)
+            rows = rows.filter(_lg_order=checkpoint_id)
         row = rows.first()
         return self._tuple(thread, row, self._writes([row])) if row is not None else None
 
@@ -248,16 +248,16 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         threads = {t.pk: t for t in self._threads(configurable.get("thread_id"), configurable.get("checkpoint_ns"))}
         if not threads:
             return []
-        rows = Checkpoint.objects.filter(thread_id__in=list(threads))
+        rows = _by_lg_id(Checkpoint.objects.filter(thread_id__in=list(threads)))
         if checkpoint_id := configurable.get("checkpoint_id"):
-            rows = rows.filter(metadata__lg_id=checkpoint_id)
+            rows = rows.filter(_lg_order=checkpoint_id)
         if before is not None and (before_id := get_checkpoint_id(before)):
-            rows = rows.annotate(_lg_id=Collate(KT("metadata__lg_id"), "C")).filter(_lg_id__lt=before_id)
+            rows = rows.filter(_lg_order__lt=before_id)
         if filter:
             # Containment narrows in SQL; equality is then checked exactly, as LangGraph's savers do.
             rows = rows.filter(metadata__contains={"lg_metadata": self._encode(filter)})
         matched: list[Checkpoint] = []
-        for row in _by_lg_id(rows).iterator(chunk_size=100):
+        for row in rows.iterator(chunk_size=100):
             lg_metadata = row.metadata.get("lg_metadata", {})
             if filter and any(lg_metadata.get(key) != self._encode(value) for key, value in filter.items()):
                 continue
@@ -323,7 +323,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             key: self._encode(value) for key, value in checkpoint["channel_values"].items() if key in versions
         }
         lg_metadata = self._encode(get_checkpoint_metadata(config, metadata))
-        if not Checkpoint.objects.filter(thread=thread, metadata__lg_id=checkpoint["id"]).exists():
+        if not _with_lg_id(thread, checkpoint["id"]).exists():
             self._append(
                 thread,
                 lg_id=checkpoint["id"],
@@ -349,11 +349,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             "step": step if type(step) is int and 0 <= step < 2**31 else None,
             "metadata": {"lg_id": lg_id, "lg_parent": lg_parent, "lg_metadata": lg_metadata},
         }
-        parent = (
-            Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_parent).values_list("id", "branch_id").first()
-            if lg_parent
-            else None
-        )
+        parent = _with_lg_id(thread, lg_parent).values_list("id", "branch_id").first() if lg_parent else None
         if parent is None:
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
@@ -396,7 +392,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         # so a write is keyed by the LangGraph id; the link to the row is only a convenience.
         thread = self._thread(configurable["thread_id"], configurable.get("checkpoint_ns", ""), create=True)
         assert thread is not None
-        row = Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_id).values_list("id", flat=True).first()
+        row = _with_lg_id(thread, lg_id).values_list("id", flat=True).first()
         with transaction.atomic():
             for index, (channel, value) in enumerate(writes):
                 idx = WRITES_IDX_MAP.get(channel, index)
@@ -422,7 +418,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved
         the writes before the checkpoint itself (it does both at once under async durability)."""
         with self._unfiled_lock:
-            row = Checkpoint.objects.filter(thread=thread, metadata__lg_id=lg_id).values_list("id", flat=True).first()
+            row = _with_lg_id(thread, lg_id).values_list("id", flat=True).first()
             if row is None:
                 self._unfiled.setdefault((thread.pk, lg_id), []).append((task_id, list(writes)))
                 return
@@ -581,6 +577,15 @@ def _by_lg_id(rows: Any) -> Any:
         rows.filter(metadata__has_key="lg_id")
         .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
         .order_by("-_lg_order")
+    )
+
+
+def _with_lg_id(thread: Thread, lg_id: str) -> QuerySet[Checkpoint]:
+    """The thread's row of a LangGraph checkpoint id (through the checkpoint_langgraph_id index)."""
+    return (
+        Checkpoint.objects.filter(thread=thread, metadata__has_key="lg_id")
+        .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
+        .filter(_lg_order=lg_id)
     )
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from django.contrib.postgres.indexes import GinIndex
 from django.db import models
+from django.db.models.fields.json import KT
+from django.db.models.functions import Collate
 from django.utils import timezone
 
 from agents.models import Agent
@@ -166,6 +168,15 @@ class Checkpoint(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["thread", "branch", "seq"], name="checkpoint_timeline"),
         ]
+        indexes = [
+            # QuicksaveSaver finds LangGraph checkpoints by their id and lists them newest first
+            # (ids are time-ordered, compared as bytes). Partial: rows not written by LangGraph,
+            # the store's hot path, pay nothing for it.
+            models.Index(
+                "thread", Collate(KT("metadata__lg_id"), "C"), name="checkpoint_langgraph_id",
+                condition=models.Q(metadata__has_key="lg_id"),
+            ),
+        ]  # fmt: skip
 
     def __str__(self) -> str:
         return f"{self.thread_id}@{self.seq}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any
 from uuid import UUID
 
@@ -38,27 +39,27 @@ def put_tool_result(
     if not key or len(key) > MAX_KEY_LENGTH:
         raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
     try:
-        codec.to_canonical_bytes(result)
+        canonical = codec.to_canonical_bytes(result)
         codec.check_depth(result)
     except codec.EncodingError as exc:
         raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
+    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    # The clock now, not now(): that is when the transaction began, which would date a
+    # result before checkpoints written earlier in it.
+    created_at = timezone.now()
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
             "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
-            [
-                thread.pk,
-                key,
-                tool[:200],
-                crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(codec.to_canonical_bytes(result))),
-                checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint,
-                # The clock now, not now(): that is when the transaction began, which
-                # would date a result before checkpoints written earlier in it.
-                timezone.now(),
-            ],
-        )
-        created = cursor.fetchone() is not None
-    return ToolResult.objects.get(thread=thread, key=key), created
+            [thread.pk, key, tool[:200], crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)),
+             checkpoint_id, created_at],
+        )  # fmt: skip
+        row = cursor.fetchone()
+    if row is None:  # the key was there: the first result stands
+        return ToolResult.objects.get(thread=thread, key=key), False
+    stored = ToolResult(id=row[0], thread_id=thread.pk, key=key, tool=tool[:200], result=json.loads(canonical),
+                        checkpoint_id=checkpoint_id, created_at=created_at)  # fmt: skip
+    return stored, True
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:

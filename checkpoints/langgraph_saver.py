@@ -349,7 +349,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             "step": step if type(step) is int and 0 <= step < 2**31 else None,
             "metadata": {"lg_id": lg_id, "lg_parent": lg_parent, "lg_metadata": lg_metadata},
         }
-        parent = _with_lg_id(thread, lg_parent).values_list("id", "branch_id").first() if lg_parent else None
+        parent = _with_lg_id(thread, lg_parent).values_list("id", flat=True).first() if lg_parent else None
         if parent is None:
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
@@ -359,15 +359,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return store.append_checkpoint(
                 thread=thread, parent=None, branch=self._root_branch(thread, lg_id), **fields
             )
-        parent_id, branch_id = parent
-        head = store.branch_head(thread_id=thread.pk, branch_id=branch_id)
-        if head is not None and head[0] == parent_id:
-            try:
-                return store.append_checkpoint(thread=thread, parent=parent_id, **fields)
-            except StaleParent:
-                pass  # another writer extended the branch first: fork instead
-        branch = store.start_branch(thread=thread, at=parent_id, name=_branch_name(lg_id))
-        return store.append_checkpoint(thread=thread, parent=parent_id, branch=branch.name, **fields)
+        try:
+            return store.append_checkpoint(thread=thread, parent=parent, **fields)
+        except StaleParent:
+            pass  # the parent is not the head of its branch (a replay, a fork): branch off it
+        branch = store.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
+        return store.append_checkpoint(thread=thread, parent=parent, branch=branch.name, **fields)
 
     @staticmethod
     def _root_branch(thread: Thread, lg_id: str) -> str:

@@ -11,6 +11,7 @@ A fork at a checkpoint LangGraph wrote is itself a LangGraph checkpoint (checkpo
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -250,10 +251,7 @@ def resume_failed(*, thread: Thread, user: User, reason: str, address: str | Non
     check_can_cancel(user)
     reason = _reason(reason)
     with transaction.atomic():
-        locked = _locked(thread.pk)
-        refusal = resume_refusal(locked)
-        if refusal:
-            raise InvalidThreadStatus(refusal, detail={"status": locked.status})
+        locked = _locked(thread.pk, unless=resume_refusal)
         open_run = Run.objects.filter(thread=locked, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).first()
         if open_run is not None:
             raise RunPending(
@@ -287,10 +285,7 @@ def cancel(*, thread: Thread, user: User, reason: str, address: str | None = Non
     check_can_cancel(user)
     reason = _reason(reason)
     with transaction.atomic():
-        locked = _locked(thread.pk)
-        refusal = cancel_refusal(locked)
-        if refusal:
-            raise InvalidThreadStatus(refusal, detail={"status": locked.status})
+        locked = _locked(thread.pk, unless=cancel_refusal)
         before = _thread_summary(locked)
         cancelled_approvals = _cancel_pending_approvals(locked, reason=reason)
         cancelled_runs = _cancel_queued_runs(locked, reason=reason)
@@ -325,10 +320,7 @@ def delete(*, thread: Thread, user: User, reason: str, address: str | None = Non
     check_can_delete(user)
     reason = _reason(reason)
     with transaction.atomic():
-        locked = _locked(thread.pk)
-        refusal = delete_refusal(locked)
-        if refusal:
-            raise InvalidThreadStatus(refusal, detail={"status": locked.status})
+        locked = _locked(thread.pk, unless=delete_refusal)
         before = {
             **_thread_summary(locked), "agent": locked.agent.name, "external_id": locked.external_id,
             "checkpoints": Checkpoint.objects.filter(thread=locked).count(),
@@ -457,9 +449,14 @@ def _label(prefix: str, reason: str) -> str:
 # --------------------------------------------------------------------------- writes
 
 
-def _locked(thread_id: UUID) -> Thread:
-    """The thread with its row locked to the end of the transaction (agent and branch read along, unlocked)."""
-    return Thread.objects.select_for_update(of=("self",)).select_related("agent", "active_branch").get(pk=thread_id)
+def _locked(thread_id: UUID, *, unless: Callable[[Thread], str | None] | None = None) -> Thread:
+    """The thread with its row locked to the end of the transaction (agent and branch read along,
+    unlocked); raises InvalidThreadStatus with the reason `unless` gives for the locked row, if any."""
+    locked = Thread.objects.select_for_update(of=("self",)).select_related("agent", "active_branch").get(pk=thread_id)
+    refusal = unless(locked) if unless is not None else None
+    if refusal:
+        raise InvalidThreadStatus(refusal, detail={"status": locked.status})
+    return locked
 
 
 def _cancel_pending_approvals(thread: Thread, *, reason: str) -> list[str]:

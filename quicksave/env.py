@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 
 class ConfigError(RuntimeError):
@@ -43,3 +45,18 @@ def envlist(name: str, default: list[str] | None = None) -> list[str]:
     if raw is None or raw.strip() == "":
         return list(default or [])
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def envsecret(name: str, file: Path, *, generate: Callable[[], str], required: bool) -> str:
+    """A secret from the environment; unset, refused when `required` (production), else one
+    generated once and kept in `file` (readable by its owner only) so restarts keep it."""
+    value = envstr(name)
+    if value:
+        return value
+    if required:
+        raise ConfigError(f"{name} must be set in production")
+    if not file.exists():
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.touch(mode=0o600)
+        file.write_text(generate() + "\n")
+    return file.read_text().strip()

@@ -3,30 +3,24 @@
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from quicksave.env import ConfigError, envbool, envint, envlist, envstr
+from quicksave.env import ConfigError, envbool, envint, envlist, envsecret, envstr
 from quicksave.keyring import new_master_key_entry, parse_keyring
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("QUICKSAVE_VAR_DIR", str(BASE_DIR / "var")))
 
 DEBUG = envbool("DEBUG", False)
-SECRET_KEY = envstr("SECRET_KEY")
-if not SECRET_KEY:
-    if not DEBUG and envbool("QUICKSAVE_REQUIRE_SECRET_KEY", False):
-        raise ConfigError("SECRET_KEY must be set in production")
-    # The embedded default keeps a generated key under var/ so sessions survive restarts.
-    key_file = VAR_DIR / "secret_key"
-    if not key_file.exists():
-        import secrets
-
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        key_file.write_text(secrets.token_urlsafe(50))
-    SECRET_KEY = key_file.read_text().strip()
+# Production (QUICKSAVE_REQUIRE_SECRET_KEY) refuses to start without its secrets; the embedded
+# default generates them once under var/, so sessions survive restarts and the demo runs encrypted.
+QUICKSAVE_PRODUCTION = not DEBUG and envbool("QUICKSAVE_REQUIRE_SECRET_KEY", False)
+SECRET_KEY = envsecret("SECRET_KEY", VAR_DIR / "secret_key", generate=lambda: secrets.token_urlsafe(50),
+                       required=QUICKSAVE_PRODUCTION)  # fmt: skip
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
@@ -235,17 +229,12 @@ QUICKSAVE_HOT_RETRY_SECONDS = envint("QUICKSAVE_HOT_RETRY_SECONDS", 2, minimum=0
 
 # Encryption at rest (checkpoints/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
-QUICKSAVE_ENCRYPTION_KEYS = envstr("QUICKSAVE_ENCRYPTION_KEYS")
-if not QUICKSAVE_ENCRYPTION_KEYS:
-    if not DEBUG and envbool("QUICKSAVE_REQUIRE_SECRET_KEY", False):
-        raise ConfigError("QUICKSAVE_ENCRYPTION_KEYS must be set in production")
-    # The embedded default keeps a generated master key under var/, so the demo runs encrypted.
-    keyring_file = VAR_DIR / "encryption_keys"
-    if not keyring_file.exists():
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        keyring_file.touch(mode=0o600)
-        keyring_file.write_text(new_master_key_entry("local-1") + "\n")
-    QUICKSAVE_ENCRYPTION_KEYS = keyring_file.read_text().strip()
+QUICKSAVE_ENCRYPTION_KEYS = envsecret(
+    "QUICKSAVE_ENCRYPTION_KEYS",
+    VAR_DIR / "encryption_keys",
+    generate=lambda: new_master_key_entry("local-1"),
+    required=QUICKSAVE_PRODUCTION,
+)
 parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from checkpoints import crypto, store
 from checkpoints.crypto import DecryptionFailure
 from checkpoints.models import Checkpoint, Thread, ThreadKey, ToolResult
 from checkpoints.tools import get_tool_result, put_tool_result
-from quicksave.env import ConfigError
+from quicksave.env import ConfigError, envsecret
 from quicksave.keyring import new_master_key_entry, parse_keyring
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -229,3 +230,19 @@ def test_a_thread_made_with_encryption_off_stores_plain_rows(agent: Agent) -> No
 def test_a_bad_keyring_is_refused_naming_the_entry(keyring: str, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_keyring(keyring)
+
+
+def test_secrets_are_generated_once_for_the_embedded_default_and_required_in_production(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("QUICKSAVE_ENCRYPTION_KEYS", raising=False)
+    file = tmp_path / "var" / "encryption_keys"
+    first = envsecret("QUICKSAVE_ENCRYPTION_KEYS", file, generate=lambda: new_master_key_entry("local-1"),
+                      required=False)  # fmt: skip
+    again = envsecret("QUICKSAVE_ENCRYPTION_KEYS", file, generate=lambda: "never used", required=False)
+    assert first == again and parse_keyring(first)[0].id == "local-1"
+    assert file.stat().st_mode & 0o077 == 0  # readable by its owner only
+    with pytest.raises(ConfigError, match="QUICKSAVE_ENCRYPTION_KEYS must be set in production"):
+        envsecret("QUICKSAVE_ENCRYPTION_KEYS", tmp_path / "other", generate=lambda: "x", required=True)
+    monkeypatch.setenv("QUICKSAVE_ENCRYPTION_KEYS", "from-env")
+    assert envsecret("QUICKSAVE_ENCRYPTION_KEYS", file, generate=lambda: "x", required=True) == "from-env"

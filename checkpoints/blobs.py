@@ -20,20 +20,21 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import threading
 import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
-from django.db import connection
+from django.db import connection, transaction
+from django.utils import timezone
 
 from checkpoints import codec, crypto
 from checkpoints.errors import IntegrityFailure
@@ -132,25 +133,32 @@ def _store(thread_id: UUID, value: Any, refs: list[Ref]) -> dict[str, Any]:
     digest = hashlib.sha256(canonical).hexdigest()
     ref = Ref(sha256=digest, size=len(canonical), type="string" if isinstance(value, str) else "object",
               preview=_preview(value, canonical))  # fmt: skip
-    if not _known(thread_id, digest):
+    if not _touch(thread_id, digest):
         sealed = crypto.seal(thread_id, _ad(thread_id, digest), codec.encode(canonical))
         # Written before its row: a row never names a missing file (an orphaned file is collected).
         storage().save(blob_name(thread_id, digest), ContentFile(sealed))
         with connection.cursor() as cursor:
             cursor.execute(
-                "INSERT INTO checkpoints_blob (thread_id, sha256, size, type, preview, created_at) "
-                "VALUES (%s, %s, %s, %s, %s, now()) ON CONFLICT (thread_id, sha256) DO NOTHING",
-                [thread_id, digest, ref.size, ref.type, ref.preview],
+                "INSERT INTO checkpoints_blob (thread_id, sha256, size, type, created_at, used_at) "
+                "VALUES (%s, %s, %s, %s, now(), now()) ON CONFLICT (thread_id, sha256) DO UPDATE SET used_at = now()",
+                [thread_id, digest, ref.size, ref.type],
             )
         _contents.put((thread_id, digest), value)
     refs.append(ref)
     return ref.as_json()
 
 
-def _known(thread_id: UUID, digest: str) -> bool:
+def _touch(thread_id: UUID, digest: str) -> bool:
+    """Mark a stored blob as used now (so garbage collection spares it); False if there is none.
+
+    A collection deleting the row holds its lock until the file is gone too, so this either
+    finds the row before (and the collection then spares it) or finds none and uploads again.
+    """
     with connection.cursor() as cursor:
-        cursor.execute("SELECT 1 FROM checkpoints_blob WHERE thread_id = %s AND sha256 = %s", [thread_id, digest])
-        return cursor.fetchone() is not None
+        cursor.execute(
+            "UPDATE checkpoints_blob SET used_at = now() WHERE thread_id = %s AND sha256 = %s", [thread_id, digest]
+        )
+        return cursor.rowcount > 0
 
 
 # --------------------------------------------------------------------------- reading
@@ -230,7 +238,7 @@ def read(thread_id: UUID, digest: str) -> Any:
     if hashlib.sha256(canonical).hexdigest() != digest:
         raise IntegrityFailure(f"The large value {digest[:12]}… of thread {thread_id} fails its SHA-256 check.",
                                detail={"blob": digest})  # fmt: skip
-    value = json.loads(canonical)
+    value = codec.loads(canonical)
     _contents.put((thread_id, digest), value)
     return value
 
@@ -304,26 +312,33 @@ def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Coll
     """Delete blobs no remaining checkpoint refers to.
 
     First the rows whose digest no payload of their thread names (compaction removed the last
-    checkpoint holding it); then the files of threads deleted here, and files of live threads
-    without a row that are older than the grace period (a write in flight uploads its file
-    before its row commits). Files of threads this installation does not know are left alone:
-    the storage may be shared with another installation.
+    checkpoint holding it) and that no write used within the grace period (one in flight may
+    be about to refer to it); then the files of threads deleted here, and files of live threads
+    without a row that are older than the grace period (a write uploads its file before its row
+    commits). Files of threads this installation does not know are left alone: the storage may
+    be shared with another installation.
     """
     from checkpoints import store
     from checkpoints.models import Blob, Checkpoint, DeletedThread, Thread
 
     rows = files = freed = 0
+    cutoff_time = timezone.now() - timedelta(seconds=grace_seconds)
     for thread_id in Blob.objects.values_list("thread_id", flat=True).distinct():
         referenced: set[str] = set()
         for row in Checkpoint.objects.filter(thread_id=thread_id).only("id", "thread_id", "payload").iterator():
             referenced.update(str(ref.get("sha256")) for ref in refs_in(store.decode_payload(row, restore=False)))
-        unreferenced = Blob.objects.filter(thread_id=thread_id).exclude(sha256__in=referenced)
-        for blob in unreferenced:
-            rows += 1
-            freed += blob.size
-            if not dry_run:
-                _delete_file(blob_name(thread_id, blob.sha256))
-                blob.delete()
+        stale = Blob.objects.filter(thread_id=thread_id, used_at__lt=cutoff_time).exclude(sha256__in=referenced)
+        for blob in stale:
+            if dry_run:
+                rows, freed = rows + 1, freed + blob.size
+                continue
+            with transaction.atomic():
+                # The row stays locked until its file is gone: a write touching it waits, then
+                # finds no row and uploads the value again.
+                if Blob.objects.filter(pk=blob.pk, used_at__lt=cutoff_time).select_for_update().exists():
+                    _delete_file(blob_name(thread_id, blob.sha256))
+                    Blob.objects.filter(pk=blob.pk).delete()
+                    rows, freed = rows + 1, freed + blob.size
     known = {blob_name(thread_id, digest) for thread_id, digest in Blob.objects.values_list("thread_id", "sha256")}
     deleted = {str(thread_id) for thread_id in DeletedThread.objects.values_list("thread_id", flat=True)}
     cutoff = time.time() - grace_seconds

@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from uuid import UUID
 
+import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
+from django.db import connection
 from django.utils import timezone
 
 from checkpoints.errors import IntegrityFailure
@@ -130,8 +132,15 @@ def create_thread_key(thread_id: UUID) -> None:
     _data_keys.put(thread_id, AESGCM(data_key))
 
 
+_KEY_SQL = "SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE thread_id = %s"
+
+
 def _load(thread_id: UUID) -> AESGCM | None:
-    row = ThreadKey.objects.filter(thread_id=thread_id).values_list("master_key_id", "wrapped").first()
+    # Every new process reads this before its first payload: a prepared statement, not the ORM.
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_KEY_SQL, [thread_id], prepare=True)
+        row = cursor.fetchone()
     if row is None:
         return None
     return AESGCM(_unwrap(_master(row[0]), thread_id, bytes(row[1])))
@@ -155,10 +164,17 @@ def is_sealed(blob: bytes | memoryview) -> bool:
 
 
 def unseal(thread_id: UUID, ad: bytes, blob: bytes | memoryview) -> bytes:
-    """The codec-framed value inside `blob` (returned as is when it was stored plain)."""
-    if not is_sealed(blob):
-        return bytes(blob)
+    """The codec-framed value inside `blob` (returned as is when it was stored plain, which only
+    a thread without a data key may do: a plain value in place of a sealed one is refused)."""
     key = data_key(thread_id)
+    if not is_sealed(blob):
+        if key is not None:
+            raise DecryptionFailure(
+                f"A value of thread {thread_id} is stored unencrypted although the thread has a data key: "
+                "it was replaced outside Quicksave.",
+                detail={"thread": str(thread_id)},
+            )
+        return bytes(blob)
     if key is None:
         raise DecryptionFailure(
             f"Thread {thread_id} has no data key: it was deleted (crypto-shredded), so its rows cannot be read.",

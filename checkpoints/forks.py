@@ -28,7 +28,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
 from checkpoints import codec, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
-from checkpoints.errors import InvalidPatch, InvalidState
+from checkpoints.errors import InvalidPatch, InvalidState, NotFound
 from checkpoints.jsonpatch import PatchError, apply_patch, validate_ops
 from checkpoints.langgraph_forks import langgraph_fork
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, Thread, ThreadStatus
@@ -452,7 +452,11 @@ def _label(prefix: str, reason: str) -> str:
 def _locked(thread_id: UUID, *, unless: Callable[[Thread], str | None] | None = None) -> Thread:
     """The thread with its row locked to the end of the transaction (agent and branch read along,
     unlocked); raises InvalidThreadStatus with the reason `unless` gives for the locked row, if any."""
-    locked = Thread.objects.select_for_update(of=("self",)).select_related("agent", "active_branch").get(pk=thread_id)
+    locked = (
+        Thread.objects.select_for_update(of=("self",)).select_related("agent", "active_branch").filter(pk=thread_id)
+    ).first()
+    if locked is None:
+        raise NotFound(f"Thread {thread_id} does not exist (it was deleted).")
     refusal = unless(locked) if unless is not None else None
     if refusal:
         raise InvalidThreadStatus(refusal, detail={"status": locked.status})

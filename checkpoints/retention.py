@@ -305,7 +305,7 @@ def prune(
 
 def _collect_blobs(report: PruneReport) -> None:
     try:
-        collected = blobs.collect_garbage(dry_run=report.dry_run)
+        collected = blobs.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
     except Exception as exc:  # a storage outage must not hide what prune already did
         log.exception("prune: collecting unreferenced blobs failed")
         report.blob_error = str(exc) or type(exc).__name__
@@ -666,6 +666,12 @@ def _apply(thread: Thread, *, kept: list[_Kept], removed: set[UUID]) -> None:
     ]
     doomed = list(removed)
     with connection.cursor() as cursor:
+        # FOR UPDATE, the one row lock an append's check of its parent's MAC (FOR KEY SHARE) waits
+        # for: an append after one of these rows then chains from the rewritten row, not the old.
+        cursor.execute(
+            "SELECT 1 FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
+            [thread.pk, [update[6] for update in updates]],
+        )
         if updates:
             cursor.executemany(
                 "UPDATE checkpoints_checkpoint SET parent_id = %s, kind = %s, payload = %s, chain_length = %s, "
@@ -677,6 +683,12 @@ def _apply(thread: Thread, *, kept: list[_Kept], removed: set[UUID]) -> None:
             [thread.pk, doomed],
         )
         cursor.execute("DELETE FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s)", [thread.pk, doomed])
+        # Materialised heads of the old rows go too: the check below replays every kept chain whole.
+        cursor.execute(
+            "DELETE FROM checkpoints_materialisedhead WHERE branch_id IN "
+            "(SELECT id FROM checkpoints_branch WHERE thread_id = %s)",
+            [thread.pk],
+        )
         # Check the deferred foreign keys now, inside this block, rather than at some later commit.
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute("SET CONSTRAINTS ALL DEFERRED")

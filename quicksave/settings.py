@@ -129,6 +129,8 @@ else:
 # or any S3-compatible store through django-storages.
 QUICKSAVE_OFFLOAD_BYTES = envint("QUICKSAVE_OFFLOAD_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_BLOB_STORAGE = envstr("QUICKSAVE_BLOB_STORAGE", "filesystem")
+# `prune` spares blobs used (and files written) this recently: a write in flight may be about to refer to them.
+QUICKSAVE_BLOB_GRACE_SECONDS = envint("QUICKSAVE_BLOB_GRACE_SECONDS", 3600, minimum=0)
 if QUICKSAVE_BLOB_STORAGE == "filesystem":
     BLOB_STORAGE: dict[str, Any] = {
         "BACKEND": "django.core.files.storage.FileSystemStorage",

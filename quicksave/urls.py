@@ -1,15 +1,25 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
+from django.templatetags.static import static
 from django.urls import Resolver404, include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from quicksave.health import healthz
 from quicksave.signin import ThrottledLoginView
 
+
+def favicon(request: HttpRequest) -> HttpResponse:
+    # Resolved per request: with hashed static names the manifest may not exist at import time.
+    return HttpResponsePermanentRedirect(static("favicon.svg"))
+
+
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    # Pages that do not link an icon (the Django admin's) get the browser's default request answered.
+    path("favicon.ico", favicon),
     path("api/v1/", include("checkpoints.urls")),
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("agents.urls")),
@@ -17,6 +27,8 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    # One sign-in page, the throttled one: the Django admin's own would bypass the throttle.
+    path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
     path("audit/", include("approvals.audit_urls")),

@@ -111,3 +111,17 @@ def test_failures_counted_by_another_server_process_count_here(server_url: str, 
             assert api.get("/api/v1/threads/").status_code == 401
 
     assert_throttled(threads_with(BAD_KEY, "127.0.0.1"))
+
+
+def test_the_admin_sign_in_is_the_throttled_page(db: Any, limit: int) -> None:
+    User.objects.create_superuser("root", password="right-password-123")
+    client = Client(REMOTE_ADDR="10.0.0.9")
+
+    response = client.post("/admin/login/?next=/admin/", {"username": "root", "password": "right-password-123"})
+    assert response.status_code == 302
+    assert response["Location"] == "/login/?next=/admin/"
+    assert "_auth_user_id" not in client.session  # the admin's own form is not there to take a password
+
+    for _ in range(limit):
+        assert client.post("/login/", {"username": "root", "password": "wrong"}).status_code == 200
+    assert client.post("/login/", {"username": "root", "password": "right-password-123"}).status_code == 429

@@ -69,3 +69,18 @@ def test_an_unknown_role_is_refused_without_an_audit_entry(db: Any) -> None:
     with pytest.raises(ValueError, match="Unknown role 'owner'"):
         grant_role(user=rita, role="owner")
     assert not AuditEntry.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migrate_brings_existing_role_groups_up_to_date() -> None:
+    from django.contrib.auth.models import Group, Permission
+    from django.core.management import call_command
+
+    from quicksave.roles import ensure_roles
+
+    admin = ensure_roles()["admin"]
+    admin.permissions.remove(Permission.objects.get(codename="delete_thread"))  # as before an upgrade
+
+    call_command("migrate", verbosity=0)
+
+    assert Group.objects.get(name="admin").permissions.filter(codename="delete_thread").exists()

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import httpx
 import pytest
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
 from agents.models import Agent
 from checkpoints import blobs, crypto, store
@@ -144,6 +146,25 @@ def test_prune_collects_blobs_of_deleted_threads_and_leaves_other_installations_
     assert len(kept) == 2
     fresh_process()
     assert store.latest_state(thread=keep)[1]["files"]["contract.pdf"] == ATTACHMENT
+
+
+def test_an_unreferenced_blob_is_collected_only_once_no_write_has_used_it_lately(
+    agent: Agent, filesystem_blobs: Path
+) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    # A write in flight stored its large value; its checkpoint is not committed (yet, or ever).
+    blobs.offload(thread.pk, {"draft": ATTACHMENT})
+    digest = Blob.objects.get(thread=thread).sha256
+    file = filesystem_blobs / blobs.blob_name(thread.pk, digest)
+
+    assert blobs.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
+    Blob.objects.filter(thread=thread).update(used_at=timezone.now() - timedelta(hours=2))
+    blobs.offload(thread.pk, {"retry": ATTACHMENT})  # the agent's retry reuses the stored value
+    assert blobs.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
+
+    Blob.objects.filter(thread=thread).update(used_at=timezone.now() - timedelta(hours=2))
+    assert blobs.collect_garbage(grace_seconds=3600).rows == 1
+    assert not file.exists() and not Blob.objects.filter(thread=thread).exists()
 
 
 # --------------------------------------------------------------------------- S3

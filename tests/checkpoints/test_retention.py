@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -454,6 +455,7 @@ def test_bytes_freed_is_what_the_payload_column_lost(agent: Agent) -> None:
 
 def test_compaction_keeps_large_values_and_prune_collects_those_left_behind(agent: Agent, settings: Any) -> None:
     settings.QUICKSAVE_OFFLOAD_BYTES = 2048
+    settings.QUICKSAVE_BLOB_GRACE_SECONDS = 0  # the blobs were all used moments ago
     retention.set_policy(agent=agent, compact_after=10, keep_every=5)
     thread = store.create_thread(agent=agent)[0]
     parent = store.append_checkpoint(thread=thread, parent=None, state={"step": 0, "attachment": "v0 " * 1000})
@@ -499,3 +501,54 @@ def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_aft
     store.clear_caches()
     assert store.state_at(after) == {**expected, "step": 99}
     assert list(verify_thread(Thread.objects.get(pk=thread.pk))) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten_parent(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    head = long_history(thread, 30)[-1]
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
+    applied, release = threading.Event(), threading.Event()
+    check_result = retention._check_result
+
+    def held_open(kept: Any) -> None:  # the compaction has rewritten its rows but not committed
+        applied.set()
+        release.wait(10)
+        check_result(kept)
+
+    monkeypatch.setattr(retention, "_check_result", held_open)
+    appended: list[Any] = []
+
+    def compact() -> None:
+        try:
+            retention.compact_thread(thread=thread, keep_every=5)
+        finally:
+            connection.close()
+
+    def append() -> None:
+        try:
+            appended.append(store.append_checkpoint(thread=thread, parent=head.pk, patch=[
+                {"op": "replace", "path": "/step", "value": 99}]))  # fmt: skip
+        except Exception as exc:  # the assertion below shows it
+            appended.append(exc)
+        finally:
+            connection.close()
+
+    compaction = threading.Thread(target=compact)
+    compaction.start()
+    assert applied.wait(10)
+    writer = threading.Thread(target=append)
+    writer.start()
+    writer.join(0.5)
+    release.set()
+    compaction.join(10)
+    writer.join(10)
+
+    (child,) = appended
+    assert isinstance(child, Checkpoint), child
+    assert child.parent_id == head.pk
+    assert list(verify_thread(Thread.objects.get(pk=thread.pk))) == []
+    store.clear_caches()
+    assert store.state_at(child.pk)["step"] == 99

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import struct
 import threading
@@ -137,7 +136,7 @@ def _unpack(checkpoint_id: UUID, blob: bytes) -> tuple[UUID, Entry] | None:
         return None
     seq, branch_id, state_bytes, chain_length, chain_bytes = _HEADER.unpack_from(body)
     start = _HEADER.size
-    integrity, state = bytes(body[start : start + 32]), json.loads(memoryview(body)[start + 32 :].tobytes())
+    integrity, state = bytes(body[start : start + 32]), codec.loads(memoryview(body)[start + 32 :])
     return thread_id, Entry(seq, branch_id, state_bytes, chain_length, chain_bytes, integrity, state)
 
 
@@ -178,6 +177,16 @@ def put(thread_id: UUID, checkpoint_id: UUID, entry: Entry) -> None:
         _health.failed(exc)
         return
     _health.ok()
+
+
+def forget(checkpoint_ids: list[UUID]) -> None:
+    """Drop the entries of checkpoints whose rows were rewritten (best effort)."""
+    if not checkpoint_ids or not enabled() or not _health.may_try():
+        return
+    try:
+        _client(settings.REDIS_URL).delete(*[_key(checkpoint_id) for checkpoint_id in checkpoint_ids])
+    except redis.RedisError as exc:
+        _health.failed(exc)
 
 
 def status(*, probe: bool = False) -> dict[str, Any]:

@@ -192,6 +192,31 @@ class Checkpoint(models.Model):
         }
 
 
+class MaterialisedHead(models.Model):
+    """A branch's state as materialised by the last read that had to replay many deltas for it.
+
+    A cold read starts from here instead of the last snapshot when this checkpoint lies on the
+    path it replays (the branch head, or a checkpoint since the last snapshot), so it replays
+    only the deltas written after it. Never needed: a missing, stale or forged row only means a
+    longer replay. `checkpoint_id` is no foreign key: compaction deletes and rewrites rows, and a
+    reader ignores a head whose checkpoint is gone or whose `integrity` is no longer its MAC.
+    """
+
+    branch = models.OneToOneField(Branch, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    checkpoint_id = models.UUIDField()
+    seq = models.IntegerField()
+    # The checkpoint's integrity MAC when its state was materialised.
+    integrity = models.BinaryField(max_length=32)
+    # The state, framed by codec.encode and sealed like a checkpoint's payload.
+    payload = models.BinaryField()
+    # HMAC over all of the above (codec.head_mac): a row forged outside Quicksave is ignored.
+    mac = models.BinaryField(max_length=32)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"branch {self.branch_id} at {self.seq}"
+
+
 class ThreadKey(models.Model):
     """A thread's data key, wrapped (AES-256-GCM) by the master key `master_key_id` names.
 
@@ -219,8 +244,10 @@ class Blob(models.Model):
     sha256 = models.CharField(max_length=64)
     size = models.BigIntegerField()
     type = models.CharField(max_length=8)
-    preview = models.TextField(blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    # Bumped by every write that refers to it; garbage collection spares recently used blobs,
+    # which a write in flight may be about to reference.
+    used_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["thread", "sha256"], name="blob_unique_per_thread")]
@@ -258,6 +285,9 @@ class ToolResult(models.Model):
     class Meta:
         ordering = ["created_at"]
         constraints = [models.UniqueConstraint(fields=["thread", "key"], name="tool_result_key_unique")]
+        # QuicksaveSaver reads a LangGraph checkpoint's pending writes by tool name
+        # (`langgraph:write:<checkpoint id>`) on every run: without this a read scans the thread.
+        indexes = [models.Index(fields=["thread", "tool"], name="tool_result_by_tool")]
 
     def __str__(self) -> str:
         return f"{self.tool or 'tool'}:{self.key}"

@@ -19,7 +19,8 @@ replay of deltas. A writer still learns the branch head from the database.
 from __future__ import annotations
 
 import functools
-import json
+import hmac
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -29,7 +30,7 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 
@@ -49,6 +50,8 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
+
+log = logging.getLogger(__name__)
 
 MAIN_BRANCH = "main"
 # Replaying a byte of delta costs about twice reading a byte of snapshot (each delta
@@ -106,6 +109,12 @@ class _StateCache:
             while self._bytes > budget and self._nodes:
                 _, evicted = self._nodes.popitem(last=False)
                 self._bytes -= evicted.state_bytes
+
+    def drop_thread(self, thread_id: UUID) -> None:
+        with self._lock:
+            for node in [node for node in self._nodes.values() if node.thread_id == thread_id]:
+                del self._nodes[node.id]
+                self._bytes -= node.state_bytes
 
     def drop(self, checkpoint_id: UUID) -> None:
         with self._lock:
@@ -200,8 +209,9 @@ def set_thread_status(*, thread: Thread | UUID, status: str) -> None:
         raise InvalidState(f"`status` must be one of {', '.join(CheckpointStatus.values)}.", detail={"field": "status"})
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     with transaction.atomic():
-        Thread.objects.filter(pk=thread_id).update(status=status)
-        record_event(thread=thread_id, type="thread.updated", data={"status": status})
+        # A cancellation stands: an agent finishing afterwards does not undo it.
+        if Thread.objects.filter(pk=thread_id).exclude(status=CheckpointStatus.CANCELLED).update(status=status):
+            record_event(thread=thread_id, type="thread.updated", data={"status": status})
 
 
 # --------------------------------------------------------------------------- writes
@@ -228,6 +238,7 @@ def _retrying_stale_cache(write: Callable[P, R]) -> Callable[P, R]:
             return write(*args, **kwargs)
         except _StaleCache as stale:
             _cache.drop(stale.parent_id)
+            hotcache.forget([stale.parent_id])
             return write(*args, **kwargs)
 
     return wrapper
@@ -296,7 +307,7 @@ def append_checkpoint(
         kind, canonical = PayloadKind.DELTA, delta
 
     if len(canonical) > blobs.limit():
-        canonical = _offloaded(thread.pk, new_state if kind == PayloadKind.SNAPSHOT else json.loads(delta), canonical)
+        canonical = _offloaded(thread.pk, new_state if kind == PayloadKind.SNAPSHOT else codec.loads(delta), canonical)
     checkpoint_id = new_id()
     payload = _seal(thread.pk, checkpoint_id, canonical)
     fields["state_bytes"] = state_bytes
@@ -309,8 +320,8 @@ def append_checkpoint(
         **fields, "id": checkpoint_id, "thread_id": thread.pk, "branch_id": branch_id, "parent_id": parent_id,
         "parent_mac": parent_node.integrity if parent_node else None,
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
-        "integrity": integrity, "created_at": timezone.now(), "metadata": Jsonb(fields["metadata"]),
-        "event": Jsonb({
+        "integrity": integrity, "created_at": timezone.now(), "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
+        "event": Jsonb(dumps=codec.dumps, obj={
             "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
             "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
         }),
@@ -368,7 +379,10 @@ WITH cp AS (
     -- The MAC this row chains from must still be its parent's: a parent rewritten by compaction
     -- since this process cached it makes the write retry from the stored row.
     WHERE %(parent_id)s::uuid IS NULL OR EXISTS (
-        SELECT 1 FROM checkpoints_checkpoint p WHERE p.id = %(parent_id)s::uuid AND p.integrity = %(parent_mac)s::bytea)
+        SELECT 1 FROM checkpoints_checkpoint p WHERE p.id = %(parent_id)s::uuid AND p.integrity = %(parent_mac)s::bytea
+        -- Waits for a compaction rewriting the parent (it locks the row FOR UPDATE), then checks the
+        -- new MAC. KEY SHARE is the lock the deferred parent_id foreign key takes at commit anyway.
+        FOR KEY SHARE)
     ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
     RETURNING id
 ), bumped AS (
@@ -463,7 +477,13 @@ def _next_state(
     except codec.EncodingError as exc:
         field = "patch" if patch is not None else "state"
         raise InvalidState(f"The {field} {exc}.", detail={"field": field}) from None
-    ops = json.loads(delta)
+    if blobs.MARKER_BYTES in delta:
+        field = "patch" if patch is not None else "state"
+        raise InvalidState(
+            f"The {field} contains `{blobs.MARKER}`, which Quicksave keeps for its references to large values.",
+            detail={"field": field},
+        )
+    ops = codec.loads(delta)
     try:
         applied = apply_patch(base, ops)
     except PatchError as exc:
@@ -499,12 +519,19 @@ def _canonical(value: Any) -> bytes:
 def _checked_object(value: Any, *, field: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise InvalidState(f"`{field}` must be a JSON object.", detail={"field": field})
+    if not value:  # most writes carry no metadata
+        return value
     try:
         codec.to_canonical_bytes(value)
         codec.check_depth(value)
     except codec.EncodingError as exc:
         raise InvalidState(f"`{field}` {exc}.", detail={"field": field}) from None
     return value
+
+
+# Choices' .values builds a new list on every access; a write checks both.
+_STATUSES = frozenset(CheckpointStatus.values)
+_SOURCES = frozenset(CheckpointSource.values)
 
 
 def _checked_fields(
@@ -524,9 +551,9 @@ def _checked_fields(
         raise bad("step", "must be an integer between 0 and 2147483647.")
     if not isinstance(label, str) or len(label) > 200:
         raise bad("label", "must be a string of at most 200 characters.")
-    if status not in CheckpointStatus.values:
+    if status not in _STATUSES:
         raise bad("status", f"must be one of {', '.join(CheckpointStatus.values)}.")
-    if source not in CheckpointSource.values:
+    if source not in _SOURCES:
         raise bad("source", f"must be one of {', '.join(CheckpointSource.values)}.")
     if isinstance(schema_version, bool) or not isinstance(schema_version, int) or not 1 <= schema_version < 2**31:
         raise bad("schema_version", "must be a positive integer.")
@@ -577,15 +604,23 @@ def _branch(thread_id: UUID, name: str) -> tuple[int, UUID | None]:
         found = Branch.objects.filter(thread_id=thread_id, name=name).values_list("id", "fork_point_id").first()
         if found is None:
             raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})
-        known = _branches[key] = (found[0], found[1])
-        _branch_names[found[0]] = name
+        known = _remember_branch(thread_id, name, found[0], found[1])
     return known
+
+
+def _remember_branch(thread_id: UUID, name: str, branch_id: int, fork_point: UUID | None) -> tuple[int, UUID | None]:
+    _branches[thread_id, name] = (branch_id, fork_point)
+    _branch_names[branch_id] = name
+    return branch_id, fork_point
 
 
 def get_branch_name(branch_id: int) -> str:
     name = _branch_names.get(branch_id)
     if name is None:
-        name = _branch_names[branch_id] = Branch.objects.filter(pk=branch_id).values_list("name", flat=True).get()
+        found = Branch.objects.filter(pk=branch_id).values_list("name", flat=True).first()
+        if found is None:
+            raise NotFound(f"Branch {branch_id} no longer exists (its thread was deleted).")
+        name = _branch_names[branch_id] = found
     return name
 
 
@@ -645,23 +680,46 @@ SELECT {_ROW_COLUMNS}, {_PARENT_MAC} FROM chain c ORDER BY c.depth DESC
 """
 
 
-def _chain(checkpoint_id: UUID) -> list[_Row]:
-    """The rows from the nearest snapshot up to the checkpoint, oldest first."""
-    target = (
-        Checkpoint.objects.filter(pk=checkpoint_id).values_list("thread_id", "branch_id", "seq", "chain_length").first()
-    )
-    if target is None:
-        raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
-    thread_id, branch_id, seq, chain_length = target
-    params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
-              "thread": thread_id, "branch": branch_id, "first": seq - chain_length, "last": seq}  # fmt: skip
+class _Head(NamedTuple):
+    """A branch's materialised head that lies on the path a replay walks (see MaterialisedHead)."""
+
+    checkpoint_id: UUID
+    seq: int
+    payload: bytes
+    mac: bytes
+
+
+# The checkpoint to materialise and, when its branch's materialised head lies on its path
+# since the last snapshot, that head, in one round trip.
+_TARGET_SQL = """
+SELECT c.thread_id, c.branch_id, c.seq, c.chain_length, h.checkpoint_id, h.seq, h.payload, h.mac
+FROM checkpoints_checkpoint c
+LEFT JOIN checkpoints_materialisedhead h
+    ON h.branch_id = c.branch_id AND h.seq <= c.seq AND h.seq > c.seq - c.chain_length
+WHERE c.id = %(id)s
+"""
+
+
+def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[_Row], _Head | None]:
+    """The rows from the nearest snapshot up to the checkpoint, oldest first, or only those from
+    its branch's materialised head on (returned with it) when that lies on the way."""
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_RANGE_SQL if chain_length < seq else _WALK_SQL, params, prepare=True)
+        cursor.execute(_TARGET_SQL, {"id": checkpoint_id}, prepare=True)
+        target = cursor.fetchone()
+        if target is None:
+            raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
+        thread_id, branch_id, seq, chain_length, head_id = target[:5]
+        head = _Head(head_id, *target[5:]) if from_head and head_id is not None else None
+        # From a head on, the path is one range of this checkpoint's branch: its seqs run unbroken.
+        first = head.seq if head is not None else seq - chain_length
+        params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
+                  "thread": thread_id, "branch": branch_id, "first": first, "last": seq}  # fmt: skip
+        cursor.execute(_RANGE_SQL if head is not None or chain_length < seq else _WALK_SQL, params, prepare=True)
         rows = cursor.fetchall()
     # Django loads jsonb as text on its connection (its JSONField parses it), so do the same.
     metadata = _Row._fields.index("metadata")
-    return [_Row._make((*row[:metadata], json.loads(row[metadata]), *row[metadata + 1 :])) for row in rows]
+    return [_Row._make((*row[:metadata], codec.loads(row[metadata]), *row[metadata + 1 :])) for row in rows], head
 
 
 def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
@@ -685,7 +743,11 @@ def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
         )  # fmt: skip
         _cache.put(node)
         return node
-    node = _replay(checkpoint_id)
+    node, replayed_bytes = _replay(checkpoint_id)
+    if hot and replayed_bytes * REPLAY_COST_PER_BYTE * 2 > node.state_bytes:
+        # The next cold read of this head (or of a checkpoint soon after it) would replay the
+        # same deltas again, at more than half the cost of reading the state whole: save it.
+        _materialise_head(node)
     if hot:
         hotcache.put(node.thread_id, node.id, hotcache.Entry(
             seq=node.seq, branch_id=node.branch_id, state_bytes=node.state_bytes, chain_length=node.chain_length,
@@ -694,8 +756,9 @@ def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
     return node
 
 
-def _replay(checkpoint_id: UUID) -> Node:
-    rows = _chain(checkpoint_id)
+def _replay(checkpoint_id: UUID) -> tuple[Node, int]:
+    """Materialise a checkpoint from the database; also returns the delta bytes it replayed."""
+    rows, head = _chain(checkpoint_id)
     if not rows or rows[-1].id != checkpoint_id:
         raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s chain back to its snapshot is broken.")
     # Start from the newest ancestor already materialised, if any: its state is
@@ -709,6 +772,12 @@ def _replay(checkpoint_id: UUID) -> Node:
         elif hit is not None:
             node, start, owned = hit, index + 1, False
             break
+    if node is None and head is not None:
+        node = _from_head(rows[0], head)
+        if node is None:  # stale or forged: replay from the snapshot after all
+            rows, head = _chain(checkpoint_id, from_head=False)
+        else:
+            start = 1
     if node is None:
         snapshot = rows[0]
         if snapshot.kind != PayloadKind.SNAPSHOT:
@@ -724,10 +793,79 @@ def _replay(checkpoint_id: UUID) -> Node:
         except PatchError as exc:
             raise IntegrityFailure(f"Checkpoint {row.id}'s delta does not apply: {exc.message}") from None
         integrity = row.integrity
+    replayed_bytes = rows[-1].chain_bytes - rows[start - 1].chain_bytes if start < len(rows) else 0
     if start < len(rows):
         node = _node_from(rows[-1], state)
     _cache.put(node)
-    return node
+    return node, replayed_bytes
+
+
+# --------------------------------------------------------------------------- materialised heads
+
+
+def head_ad(branch_id: int, checkpoint_id: UUID) -> bytes:
+    """What a materialised head's sealed payload is bound to."""
+    return associated_data("checkpoints_materialisedhead.payload", branch_id, checkpoint_id)
+
+
+def _head_mac(row: _Row | Node, payload: bytes) -> bytes:
+    return codec.head_mac(
+        thread_id=row.thread_id, branch_id=row.branch_id, checkpoint_id=row.id, seq=row.seq,
+        integrity=row.integrity, state_bytes=row.state_bytes, chain_length=row.chain_length,
+        chain_bytes=row.chain_bytes, payload=payload,
+    )  # fmt: skip
+
+
+def _from_head(row: _Row, head: _Head) -> Node | None:
+    """The node a materialised head holds for `row`, or None when it no longer matches the row
+    (rewritten by compaction) or was altered: then the read replays from the snapshot.
+
+    The head's MAC covers the row's MAC and recorded sizes as they were when its state was
+    materialised from verified rows, so a match vouches for the row and the rows before it.
+    """
+    if row.id != head.checkpoint_id or not hmac.compare_digest(_head_mac(row, head.payload), head.mac):
+        return None
+    stored = head.payload
+    try:
+        ad = head_ad(row.branch_id, row.id) if crypto.is_sealed(stored) else b""
+        canonical = codec.unframe(crypto.unseal(row.thread_id, ad, stored))
+        state = codec.loads(canonical)
+        if blobs.has_refs(canonical):
+            state = blobs.restore(row.thread_id, state)
+    except (ValueError, IntegrityFailure):
+        return None
+    return _node_from(row, state)
+
+
+_HEAD_SQL = """
+INSERT INTO checkpoints_materialisedhead (branch_id, checkpoint_id, seq, integrity, payload, mac, updated_at)
+VALUES (%(branch_id)s, %(checkpoint_id)s, %(seq)s, %(integrity)s, %(payload)s, %(mac)s, now())
+ON CONFLICT (branch_id) DO UPDATE SET
+    checkpoint_id = EXCLUDED.checkpoint_id, seq = EXCLUDED.seq, integrity = EXCLUDED.integrity,
+    payload = EXCLUDED.payload, mac = EXCLUDED.mac, updated_at = EXCLUDED.updated_at
+-- A slower reader of an older head does not move it back.
+WHERE checkpoints_materialisedhead.seq < EXCLUDED.seq
+   OR (checkpoints_materialisedhead.seq = EXCLUDED.seq AND checkpoints_materialisedhead.integrity <> EXCLUDED.integrity)
+"""
+
+
+def _materialise_head(node: Node) -> None:
+    """Save a replayed head's state as its branch's materialised head (best effort: a failure
+    only leaves the next cold read to replay)."""
+    try:
+        encoded = codec.dumps(node.state)
+        if len(encoded) > blobs.limit():
+            encoded = _offloaded(node.thread_id, node.state, encoded)
+        # zlib's fastest level: this runs inside a read, and decompressing costs the same.
+        payload = crypto.seal(node.thread_id, head_ad(node.branch_id, node.id), codec.encode(encoded, level=1))
+        params: dict[str, Any] = {
+            "branch_id": node.branch_id, "checkpoint_id": node.id, "seq": node.seq, "integrity": node.integrity,
+            "payload": payload, "mac": _head_mac(node, payload),
+        }  # fmt: skip
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_HEAD_SQL, params)
+    except (DatabaseError, OSError) as exc:  # e.g. the thread was deleted meanwhile
+        log.info("could not save the materialised head of branch %s: %s", node.branch_id, exc)
 
 
 def payload_ad(checkpoint_id: UUID) -> bytes:
@@ -765,8 +903,11 @@ def decode_payload(row: Checkpoint | _Row, *, restore: bool = True) -> Any:
     read back unless `restore` is False); callers check the row's MAC first (see verify.py),
     which covers the stored, sealed bytes and so the references to offloaded values.
     """
-    canonical = codec.unframe(crypto.unseal(row.thread_id, payload_ad(row.id), bytes(row.payload)))
-    value = json.loads(canonical)
+    stored = bytes(row.payload)
+    # Only a sealed payload is bound to its row; a replay opens hundreds of plain ones.
+    ad = payload_ad(row.id) if crypto.is_sealed(stored) else b""
+    canonical = codec.unframe(crypto.unseal(row.thread_id, ad, stored))
+    value = codec.loads(canonical)
     if restore and blobs.has_refs(canonical):
         value = blobs.restore(row.thread_id, value)
     return value
@@ -806,11 +947,37 @@ def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False) -> dict[str, A
 def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[UUID | None, dict[str, Any]]:
     """The head of a branch and its state ({} for a branch with no checkpoint yet)."""
     thread_id = thread.pk if isinstance(thread, Thread) else thread
-    branch_id, _ = _branch(thread_id, branch)
-    head = branch_head(thread_id=thread_id, branch_id=branch_id)
-    if head is None:
+    head_id = _branch_head_by_name(thread_id, branch)
+    if head_id is None:
         return None, {}
-    return head[0], clone(load_node(head[0], hot=True).state)
+    return head_id, clone(load_node(head_id, hot=True).state)
+
+
+# The branch (cached like _branch) and its head in one round trip, for a reader in a new process.
+_BRANCH_HEAD_SQL = """
+SELECT b.id, b.fork_point_id, h.id
+FROM checkpoints_branch b
+LEFT JOIN LATERAL (
+    SELECT c.id FROM checkpoints_checkpoint c WHERE c.thread_id = b.thread_id AND c.branch_id = b.id
+    ORDER BY c.seq DESC LIMIT 1
+) h ON TRUE
+WHERE b.thread_id = %(thread)s AND b.name = %(name)s
+"""
+
+
+def _branch_head_by_name(thread_id: UUID, name: str) -> UUID | None:
+    if (thread_id, name) in _branches:
+        head = branch_head(thread_id=thread_id, branch_id=_branches[thread_id, name][0])
+        return head[0] if head else None
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name}, prepare=True)
+        found = cursor.fetchone()
+    if found is None:
+        raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})
+    _remember_branch(thread_id, name, found[0], found[1])
+    head_id: UUID | None = found[2]
+    return head_id
 
 
 def diff(*, base: Checkpoint | UUID, target: Checkpoint | UUID) -> list[dict[str, Any]]:
@@ -822,10 +989,11 @@ def diff(*, base: Checkpoint | UUID, target: Checkpoint | UUID) -> list[dict[str
 
 def clone(value: Any) -> Any:
     """A deep copy of a JSON value, several times faster than copy.deepcopy."""
+    # Scalars are shared, not passed to a call each: a state is mostly strings.
     if isinstance(value, dict):
-        return {key: clone(item) for key, item in value.items()}
+        return {key: clone(item) if isinstance(item, (dict, list)) else item for key, item in value.items()}
     if isinstance(value, list):
-        return [clone(item) for item in value]
+        return [clone(item) if isinstance(item, (dict, list)) else item for item in value]
     return value
 
 
@@ -860,3 +1028,4 @@ def delete_thread(thread: Thread) -> None:
         Thread.objects.filter(pk=thread.pk).delete()
         DeletedThread.objects.get_or_create(thread_id=thread.pk)  # its blob files go at the next prune
     _forget_thread(thread.pk)
+    _cache.drop_thread(thread.pk)

@@ -15,6 +15,17 @@ Mapping:
 - The checkpoint's Quicksave metadata holds `lg_id` (LangGraph's checkpoint id), `lg_parent`
   and `lg_metadata`, so `parent_config` survives pruning and the LangGraph tree is kept even
   where the Quicksave tree differs from it.
+- A put after a checkpoint this saver just wrote or read in the same (thread, namespace) is
+  written as a patch of what changed: channels whose value is the very object it held then are
+  left out, a list that still starts with the same items gets `add .../-` ops for the new ones
+  (operator.add and add_messages append so), and only the rest is encoded and diffed. Any doubt
+  (another writer's parent, a list edited in place, an unknown parent) writes the full state,
+  which the store diffs against the parent; both store the same state. Like LangGraph's own
+  savers, this trusts that a node returns updates instead of mutating a dict already in the
+  state: a message dict edited in place, inside a list that only grew, is not seen. For the
+  same reason a read of the checkpoint the saver just wrote or read hands out new lists of
+  the items it holds (when each list still holds exactly what was stored) rather than
+  decoding every message again.
 - A put whose parent is the head of its Quicksave branch extends that branch. A put after an
   older checkpoint (time travel, `update_state` on a past step, two writers racing) opens a
   new branch at that checkpoint, which is what a fork in the dashboard does too. A put with
@@ -47,12 +58,16 @@ import functools
 import hashlib
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from operator import is_
 from typing import Any, ParamSpec, TypeVar, cast
 from uuid import UUID
 
+import psycopg
 from channels.db import database_sync_to_async
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.fields.json import KT
 from django.db.models.functions import Collate
@@ -73,10 +88,11 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from agents.keys import get_or_create_agent
 from agents.models import Agent
 from checkpoints import codec, langgraph_interrupts, store
-from checkpoints.errors import StaleParent
+from checkpoints.errors import InvalidPatch, NotFound, StaleParent
 from checkpoints.ids import new_id
+from checkpoints.jsonpatch import format_pointer, make_patch
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
-from checkpoints.tools import put_tool_result
+from checkpoints.tools import put_tool_result, put_tool_results
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -85,10 +101,34 @@ R = TypeVar("R")
 PendingWrites = dict[str, list[tuple[str, str, Any]]]
 StoredRows = list[tuple[Checkpoint, dict[str, Any], list[ToolResult]]]
 Tuples = list[CheckpointTuple]
+Ops = list[dict[str, Any]]  # RFC 6902
+EncodedWrites = list[tuple[str, Any]]  # (channel, JSON-safe value)
 
 TYPED = "__lg_typed__"
 # The tool name of the tool-result rows that hold pending writes.
 WRITE_TOOL = "langgraph:write"
+# How many (thread, namespace) pairs a saver remembers its last checkpoint of.
+KNOWN_THREADS = 64
+MISSING: Any = object()
+# The JSON values that decode as themselves.
+PLAIN = frozenset({str, int, float, bool, type(None)})
+
+# LangGraph reads a thread's newest checkpoint before every run. One prepared statement finds
+# the thread, the checkpoint and its pending writes: building the query with the ORM would take
+# longer than running it.
+_CHECKPOINT_SQL = """
+SELECT cp.id, t.id, cp.metadata, w.key, w.result FROM checkpoints_thread t
+CROSS JOIN LATERAL (
+    SELECT c.id, c.metadata FROM checkpoints_checkpoint c
+    WHERE c.thread_id = t.id AND c.metadata ? 'lg_id' {at}
+    ORDER BY (c.metadata ->> 'lg_id') COLLATE "C" DESC LIMIT 1
+) cp
+LEFT JOIN checkpoints_toolresult w ON w.thread_id = t.id AND w.tool = %(write_tool)s || (cp.metadata ->> 'lg_id')
+WHERE t.agent_id = %(agent)s AND t.external_id = %(external_id)s
+ORDER BY w.created_at, w.id
+"""
+_LATEST_CHECKPOINT_SQL = _CHECKPOINT_SQL.format(at="")
+_CHECKPOINT_AT_SQL = _CHECKPOINT_SQL.format(at="""AND (c.metadata ->> 'lg_id') COLLATE "C" = %(lg_id)s""")
 
 
 def write_tool(lg_id: str) -> str:
@@ -121,6 +161,65 @@ def external_id_for(thread_id: str, checkpoint_ns: str) -> str:
     return f"{thread_id}#{checkpoint_ns}" if checkpoint_ns else thread_id
 
 
+@dataclass(slots=True)
+class Known:
+    """A LangGraph checkpoint this saver just wrote or read, with the channel values LangGraph
+    holds for it: the next checkpoint after it is written as a patch of what changed."""
+
+    thread: Thread
+    lg_id: str
+    row: UUID
+    values: dict[str, Any]  # the very objects LangGraph was given or gave, by channel
+    items: dict[str, tuple[Any, ...]]  # each list value's items as stored: an in-place edit shows
+    # The (LangGraph id, row) of the checkpoint this one was written after, whose pending writes
+    # LangGraph may still be saving.
+    previous: tuple[str, UUID] | None = None
+
+    def lists(self) -> dict[str, list[Any]]:
+        """A new list per list channel still holding exactly the items it held when stored: a
+        read of this very checkpoint hands those out instead of decoding the stored copies."""
+        return {
+            name: list(value)
+            for name, value in self.values.items()
+            if type(value) is list and len(value) == len(items := self.items[name]) and all(map(is_, value, items))
+        }
+
+    def row_of(self, lg_id: str) -> UUID | None:
+        if lg_id == self.lg_id:
+            return self.row
+        return self.previous[1] if self.previous is not None and self.previous[0] == lg_id else None
+
+
+class KnownCheckpoints:
+    """The last checkpoint of each (LangGraph thread, namespace) a saver touched, least recently
+    used first out. Only a hint: a put checks that its parent is the one remembered."""
+
+    def __init__(self, size: int = KNOWN_THREADS) -> None:
+        self._known: OrderedDict[tuple[str, str], Known] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def get(self, thread_id: str, checkpoint_ns: str) -> Known | None:
+        with self._lock:
+            known = self._known.get((thread_id, checkpoint_ns))
+            if known is not None:
+                self._known.move_to_end((thread_id, checkpoint_ns))
+            return known
+
+    def remember(self, thread_id: str, checkpoint_ns: str, known: Known) -> None:
+        with self._lock:
+            self._known[(thread_id, checkpoint_ns)] = known
+            self._known.move_to_end((thread_id, checkpoint_ns))
+            while len(self._known) > self._size:
+                self._known.popitem(last=False)
+
+    def forget(self, thread_id: str, checkpoint_ns: str | None = None) -> None:
+        """Forget one namespace of a thread, or all of them."""
+        with self._lock:
+            for key in [key for key in self._known if key[0] == thread_id and checkpoint_ns in (None, key[1])]:
+                del self._known[key]
+
+
 class QuicksaveSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer that writes through the Quicksave checkpoint store."""
 
@@ -137,6 +236,10 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         # put() files them. The lock orders put()'s look against put_writes()' note.
         self._unfiled: dict[tuple[UUID, str], list[tuple[str, Sequence[tuple[str, Any]]]]] = {}
         self._unfiled_lock = threading.Lock()
+        self._known = KnownCheckpoints()
+        # The (thread, namespace, LangGraph id) of the puts under way, whose rows put_writes()
+        # would not find yet. Set operations are atomic, so no lock.
+        self._putting: set[tuple[str, str, str]] = set()
 
     # ------------------------------------------------------------------ encoding
 
@@ -168,13 +271,19 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         return {TYPED: [type_, base64.b64encode(data).decode()]}
 
     def _decode(self, value: Any) -> Any:
-        if isinstance(value, list):
-            return [self._decode(item) for item in value]
-        if isinstance(value, dict):
+        # A read decodes the whole state, so plain values are copied over without a call each.
+        kind = type(value)
+        if kind is list:
+            return [item if type(item) in PLAIN else self._decode(item) for item in value]
+        if kind is dict:
             if TYPED in value and len(value) == 1:
                 type_, data = value[TYPED]
                 return self.serde.loads_typed((type_, base64.b64decode(data)))
-            return {key: self._decode(item) for key, item in value.items()}
+            decoded = value.copy()
+            for key, item in value.items():
+                if type(item) not in PLAIN:
+                    decoded[key] = self._decode(item)
+            return decoded
         return value
 
     # ------------------------------------------------------------------ threads
@@ -215,15 +324,34 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     @_releasing_connection
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         configurable = config["configurable"]
-        thread = self._thread(configurable["thread_id"], configurable.get("checkpoint_ns", ""))
-        if thread is None:
+        thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
+        lg_id = get_checkpoint_id(config)
+        params = {
+            "agent": self._get_agent().pk, "external_id": external_id_for(thread_id, checkpoint_ns),
+            "lg_id": lg_id, "write_tool": write_tool(""),
+        }  # fmt: skip
+        connection.ensure_connection()
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params, prepare=True)
+            found = cursor.fetchall()
+        if not found:
             return None
-        rows = _by_lg_id(Checkpoint.objects.filter(thread=thread))
-        checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id:
-            rows = rows.filter(_lg_order=checkpoint_id)
-        row = rows.first()
-        return self._tuple(thread, row, self._writes([row])) if row is not None else None
+        row, thread_pk, metadata = found[0][0], found[0][1], _json(found[0][2])
+        # A ToolResult opens its sealed result (bound to its thread and key) when read.
+        results = [
+            ToolResult(thread_id=thread_pk, key=key, result=bytes(sealed)).result for *_, key, sealed in found if key
+        ]
+        known = self._known.get(thread_id, checkpoint_ns)
+        reuse = known.lists() if known is not None and known.row == row and known.thread.pk == thread_pk else {}
+        read = self._tuple(thread_id, checkpoint_ns, row, metadata, _pending(results, self._decode), reuse=reuse)
+        thread = (
+            known.thread if known is not None and known.thread.pk == thread_pk else Thread.objects.get(pk=thread_pk)
+        )
+        # The graph goes on from these very values: remember them, so the next put sees what it appended.
+        self._known.remember(
+            thread_id, checkpoint_ns, _known(thread, metadata["lg_id"], row, read.checkpoint["channel_values"])
+        )
+        return read
 
     def list(
         self,
@@ -268,20 +396,39 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         for start in range(0, len(matched), 100):
             batch = matched[start : start + 100]
             writes = self._writes(batch)
-            found.extend(self._tuple(threads[row.thread_id], row, writes) for row in batch)
+            found.extend(
+                self._tuple(*self._names(threads[row.thread_id]), row.pk, row.metadata, writes) for row in batch
+            )
         return found
 
-    def _tuple(self, thread: Thread, row: Checkpoint, writes: PendingWrites) -> CheckpointTuple:
-        thread_id, checkpoint_ns = self._names(thread)
-        state = self._decode(store.state_at(row.pk))
-        checkpoint = cast(LGCheckpoint, {**state, "channel_values": state.get("channel_values", {})})
-        parent = row.metadata.get("lg_parent")
+    def _tuple(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        row: UUID,
+        metadata: dict[str, Any],
+        writes: PendingWrites,
+        *,
+        reuse: dict[str, Any] | None = None,
+    ) -> CheckpointTuple:
+        """The tuple of a stored checkpoint; channels in `reuse` take those lists instead of
+        decoding their stored values again (the same items, as this saver last saw them)."""
+        # Decoding builds new containers, so the store's shared state needs no copy first.
+        stored = store.load_node(row).state
+        state = {key: self._decode(value) for key, value in stored.items() if key != "channel_values"}
+        channel_values = stored.get("channel_values", {})
+        reuse = reuse or {}
+        state["channel_values"] = {
+            name: reuse[name] if name in reuse else self._decode(value) for name, value in channel_values.items()
+        }
+        checkpoint = cast(LGCheckpoint, state)
+        parent = metadata.get("lg_parent")
         return CheckpointTuple(
-            config=_config(thread_id, checkpoint_ns, row.metadata["lg_id"]),
+            config=_config(thread_id, checkpoint_ns, metadata["lg_id"]),
             checkpoint=checkpoint,
-            metadata=self._decode(row.metadata.get("lg_metadata", {})),
+            metadata=self._decode(metadata.get("lg_metadata", {})),
             parent_config=_config(thread_id, checkpoint_ns, parent) if parent else None,
-            pending_writes=writes.get(row.metadata["lg_id"], []),
+            pending_writes=writes.get(metadata["lg_id"], []),
         )
 
     def _writes(self, rows: Iterable[Checkpoint]) -> PendingWrites:
@@ -294,14 +441,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         scope = Q()
         for thread_id, lg_ids in by_thread.items():
             scope |= Q(thread_id=thread_id, tool__in=[write_tool(lg_id) for lg_id in lg_ids])
-        latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
-        for stored in ToolResult.objects.filter(scope).order_by("created_at", "id"):
-            result = stored.result
-            latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
-        return {
-            lg_id: [(w["task_id"], w["channel"], self._decode(w["value"])) for _, w in sorted(found.items())]
-            for lg_id, found in latest.items()
-        }
+        stored = ToolResult.objects.filter(scope).order_by("created_at", "id")
+        return _pending((result.result for result in stored), self._decode)
 
     # ------------------------------------------------------------------ writes
 
@@ -315,42 +456,148 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     ) -> RunnableConfig:
         configurable = config["configurable"]
         thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
-        thread = self._thread(thread_id, checkpoint_ns, create=True)
-        assert thread is not None
+        key = (str(thread_id), checkpoint_ns)
+        lg_id, lg_parent = checkpoint["id"], configurable.get("checkpoint_id")
         versions = checkpoint["channel_versions"]
-        state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
-        state["channel_values"] = {
-            key: self._encode(value) for key, value in checkpoint["channel_values"].items() if key in versions
-        }
+        values = {name: value for name, value in checkpoint["channel_values"].items() if name in versions}
         lg_metadata = self._encode(get_checkpoint_metadata(config, metadata))
-        if not _with_lg_id(thread, checkpoint["id"]).exists():
-            self._append(
-                thread,
-                lg_id=checkpoint["id"],
-                lg_parent=configurable.get("checkpoint_id"),
-                lg_metadata=lg_metadata,
-                state=state,
-            )
+        known = self._known.get(*key) if lg_parent else None
+        written = None
+        self._putting.add((*key, lg_id))
+        try:
+            if known is not None and known.lg_id == lg_parent:
+                written = self._put_patch(known, checkpoint, values, new_versions, lg_metadata)
+            if written is None:
+                written = self._put_state(*key, lg_parent, checkpoint, values, lg_metadata)
+        finally:
+            self._putting.discard((*key, lg_id))
+        thread, row = written
+        if row is None:
+            self._known.forget(*key)
+        else:
+            previous = (known.lg_id, known.row) if known is not None and known.lg_id == lg_parent else None
+            self._known.remember(*key, _known(thread, lg_id, row, values, previous))
         if self._unfiled:
             with self._unfiled_lock:
-                unfiled = self._unfiled.pop((thread.pk, checkpoint["id"]), [])
+                unfiled = self._unfiled.pop((thread.pk, lg_id), [])
             for task_id, writes in unfiled:
-                self._interrupted(thread, checkpoint["id"], task_id, writes)
-        return _config(thread_id, checkpoint_ns, checkpoint["id"])
+                self._interrupted(thread, lg_id, task_id, writes)
+        return _config(thread_id, checkpoint_ns, lg_id)
+
+    def _put_state(
+        self,
+        thread_id: str,
+        checkpoint_ns: str,
+        lg_parent: str | None,
+        checkpoint: LGCheckpoint,
+        values: dict[str, Any],
+        lg_metadata: dict[str, Any],
+    ) -> tuple[Thread, UUID | None]:
+        """Write the checkpoint's full state, which the store diffs against its parent's.
+        Returns the thread and the new row, None when the checkpoint was there already."""
+        thread = self._thread(thread_id, checkpoint_ns, create=True)
+        assert thread is not None
+        state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
+        state["channel_values"] = {name: self._encode(value) for name, value in values.items()}
+        if _with_lg_id(thread, checkpoint["id"]).exists():
+            return thread, None
+        row = self._append(thread, lg_id=checkpoint["id"], lg_parent=lg_parent, lg_metadata=lg_metadata, state=state)
+        return thread, row.pk if row is not None else None
+
+    def _put_patch(
+        self,
+        known: Known,
+        checkpoint: LGCheckpoint,
+        values: dict[str, Any],
+        new_versions: ChannelVersions,
+        lg_metadata: dict[str, Any],
+    ) -> tuple[Thread, UUID | None] | None:
+        """Write the checkpoint after `known`, its parent, as a patch of what changed; None when
+        the full state must be written instead."""
+        try:
+            patch = self._patch(store.load_node(known.row).state, known, checkpoint, values, new_versions)
+            row = self._append(
+                known.thread, lg_id=checkpoint["id"], lg_parent=known.lg_id, lg_metadata=lg_metadata, patch=patch,
+                parent=known.row,
+            )  # fmt: skip
+        except (NotFound, InvalidPatch):
+            # The thread or the parent is gone (deleted, rebuilt elsewhere), or what this saver
+            # remembers does not fit what is stored: the full-state path looks everything up again.
+            return None
+        return known.thread, row.pk if row is not None else None
+
+    def _patch(
+        self,
+        parent: dict[str, Any],
+        known: Known,
+        checkpoint: LGCheckpoint,
+        values: dict[str, Any],
+        new_versions: ChannelVersions,
+    ) -> Ops:
+        """RFC 6902 ops from the parent's stored state to the checkpoint's, encoding only what changed."""
+        ops: Ops = []
+        for key, value in checkpoint.items():
+            if key != "channel_values":
+                ops += _member_ops(parent.get(key, MISSING), self._encode(value), [key])
+        ops += [{"op": "remove", "path": format_pointer([key])} for key in parent if key not in checkpoint]
+        stored = parent.get("channel_values")
+        if not isinstance(stored, dict):
+            encoded = {name: self._encode(value) for name, value in values.items()}
+            return [*ops, {"op": "add", "path": "/channel_values", "value": encoded}]
+        ops += [
+            {"op": "remove", "path": format_pointer(["channel_values", name])} for name in stored if name not in values
+        ]
+        for name, value in values.items():
+            ops += self._channel_ops(name, value, stored.get(name, MISSING), known, changed=name in new_versions)
+        return ops
+
+    def _channel_ops(self, name: str, value: Any, stored: Any, known: Known, *, changed: bool) -> Ops:
+        """Ops turning a channel's stored value into `value`; O(change) when `value` is the
+        remembered object (unchanged) or that list with items appended."""
+        tokens = ["channel_values", name]
+        items = known.items.get(name)
+        if items is not None:
+            if (
+                type(value) is list
+                and type(stored) is list
+                and len(stored) == len(items) <= len(value)
+                and all(map(is_, items, value))
+            ):
+                end = format_pointer([*tokens, "-"])
+                return [{"op": "add", "path": end, "value": self._encode(item)} for item in value[len(items) :]]
+        elif not changed and stored is not MISSING and value is known.values.get(name, MISSING):
+            return []
+        return _member_ops(stored, self._encode(value), tokens)
 
     def _append(
-        self, thread: Thread, *, lg_id: str, lg_parent: str | None, lg_metadata: dict[str, Any], state: dict[str, Any]
-    ) -> Checkpoint:
-        """Write one LangGraph checkpoint after its LangGraph parent, branching when that is not a head."""
+        self,
+        thread: Thread,
+        *,
+        lg_id: str,
+        lg_parent: str | None,
+        lg_metadata: dict[str, Any],
+        state: dict[str, Any] | None = None,
+        patch: Ops | None = None,
+        parent: UUID | None = None,
+    ) -> Checkpoint | None:
+        """Write one LangGraph checkpoint after its LangGraph parent, branching when that is not a head.
+
+        Give the full `state`, or a `patch` against the state of `parent` (the parent's row, then
+        known): a put that may repeat an earlier one was not looked for first, so it is looked for
+        before branching, and None comes back when it is there.
+        """
         step = lg_metadata.get("step")
         fields: dict[str, Any] = {
             "state": state,
+            "patch": patch,
             "label": str(lg_metadata.get("source", ""))[:200],
             "step": step if type(step) is int and 0 <= step < 2**31 else None,
             "metadata": {"lg_id": lg_id, "lg_parent": lg_parent, "lg_metadata": lg_metadata},
         }
-        parent = _with_lg_id(thread, lg_parent).values_list("id", flat=True).first() if lg_parent else None
+        if parent is None and lg_parent:
+            parent = _row_of(thread, lg_parent)
         if parent is None:
+            assert patch is None, "a patch needs its parent"
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
                     return store.append_checkpoint(thread=thread, parent=None, branch=store.MAIN_BRANCH, **fields)
@@ -363,6 +610,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return store.append_checkpoint(thread=thread, parent=parent, **fields)
         except StaleParent:
             pass  # the parent is not the head of its branch (a replay, a fork): branch off it
+        if patch is not None and _row_of(thread, lg_id) is not None:
+            return None
         branch = store.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
         return store.append_checkpoint(thread=thread, parent=parent, branch=branch.name, **fields)
 
@@ -385,37 +634,60 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     ) -> None:
         configurable = config["configurable"]
         lg_id = configurable["checkpoint_id"]
+        thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
         # LangGraph may save a task's writes before the checkpoint's own put has finished,
         # so a write is keyed by the LangGraph id; the link to the row is only a convenience.
-        thread = self._thread(configurable["thread_id"], configurable.get("checkpoint_ns", ""), create=True)
-        assert thread is not None
-        row = _with_lg_id(thread, lg_id).values_list("id", flat=True).first()
-        with transaction.atomic():
-            for index, (channel, value) in enumerate(writes):
-                idx = WRITES_IDX_MAP.get(channel, index)
-                encoded = self._encode(value)
-                key_parts = [lg_id, task_id, str(idx)]
-                if idx < 0:  # a special write replaces an earlier one: a new row, read newest-first
-                    key_parts.append(codec.to_canonical_bytes(encoded).hex())
-                key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()
-                put_tool_result(
-                    thread=thread,
-                    key=key,
-                    tool=write_tool(lg_id),
-                    checkpoint=row,
-                    result={
-                        "lg_id": lg_id, "task_id": task_id, "task_path": task_path, "idx": idx,
-                        "channel": channel, "value": encoded,
-                    },
-                )  # fmt: skip
-        if self.approvals and not configurable.get("checkpoint_ns") and any(c == INTERRUPT for c, _ in writes):
+        encoded = [(channel, self._encode(value)) for channel, value in writes]
+        thread = None
+        if (known := self._known.get(thread_id, checkpoint_ns)) is not None:
+            thread = known.thread
+            try:
+                row = known.row_of(lg_id)
+                # LangGraph ids grow with time: writes for a checkpoint newer than the one this
+                # saver knows come before its put (async durability), so there is no row to find.
+                if row is None and lg_id < known.lg_id:
+                    row = self._row_of_writes(thread, (thread_id, checkpoint_ns, lg_id))
+                self._store_writes(thread, row, lg_id, task_id, task_path, encoded)
+            except IntegrityError:
+                # The remembered thread was deleted (or rebuilt) since: look it up again.
+                self._known.forget(thread_id, checkpoint_ns)
+                thread = None
+        if thread is None:
+            thread = self._thread(thread_id, checkpoint_ns, create=True)
+            assert thread is not None
+            row = self._row_of_writes(thread, (thread_id, checkpoint_ns, lg_id))
+            self._store_writes(thread, row, lg_id, task_id, task_path, encoded)
+        if self.approvals and not checkpoint_ns and any(c == INTERRUPT for c, _ in writes):
             self._interrupted(thread, lg_id, task_id, writes)
+
+    def _row_of_writes(self, thread: Thread, key: tuple[str, str, str]) -> UUID | None:
+        """The row pending writes link to, by (thread, namespace, LangGraph id): none while its
+        put is under way here, as it would not be found before that put commits."""
+        return None if key in self._putting else _row_of(thread, key[2])
+
+    @staticmethod
+    def _store_writes(
+        thread: Thread, row: UUID | None, lg_id: str, task_id: str, task_path: str, writes: EncodedWrites
+    ) -> None:
+        results = []
+        for index, (channel, encoded) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, index)
+            key_parts = [lg_id, task_id, str(idx)]
+            if idx < 0:  # a special write replaces an earlier one: a new row, read newest-first
+                key_parts.append(codec.to_canonical_bytes(encoded).hex())
+            key = hashlib.sha256("\x00".join(key_parts).encode()).hexdigest()
+            results.append((key, {
+                "lg_id": lg_id, "task_id": task_id, "task_path": task_path, "idx": idx,
+                "channel": channel, "value": encoded,
+            }))  # fmt: skip
+        # One statement, so one commit, however many writes the task made.
+        put_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row)
 
     def _interrupted(self, thread: Thread, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]) -> None:
         """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved
         the writes before the checkpoint itself (it does both at once under async durability)."""
         with self._unfiled_lock:
-            row = _with_lg_id(thread, lg_id).values_list("id", flat=True).first()
+            row = _row_of(thread, lg_id)
             if row is None:
                 self._unfiled.setdefault((thread.pk, lg_id), []).append((task_id, list(writes)))
                 return
@@ -436,6 +708,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     @_releasing_connection
     def delete_thread(self, thread_id: str) -> None:
+        self._known.forget(str(thread_id))
         for thread in self._threads(thread_id, None):
             _delete(thread)
 
@@ -444,6 +717,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     @_releasing_connection
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace of a thread, checkpoints and pending writes, under a new thread id."""
+        self._known.forget(str(target_thread_id))
         for source in self._threads(source_thread_id, None):
             _, checkpoint_ns = self._names(source)
             with transaction.atomic():
@@ -472,6 +746,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'.")
         for thread_id in thread_ids:
+            self._known.forget(str(thread_id))
             for thread in self._threads(thread_id, None):
                 latest = _by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("id", flat=True).first()
                 if strategy == "delete" or latest is None:
@@ -481,6 +756,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     def _rebuild(self, thread: Thread, *, keep: set[UUID]) -> None:
         """Replace a thread by one holding only the checkpoints in `keep` (and their writes)."""
+        self._known.forget(*self._names(thread))
         with transaction.atomic():
             locked = Thread.objects.select_for_update().get(pk=thread.pk)
             external_id, metadata = locked.external_id, locked.metadata
@@ -584,6 +860,46 @@ def _with_lg_id(thread: Thread, lg_id: str) -> QuerySet[Checkpoint]:
         .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
         .filter(_lg_order=lg_id)
     )
+
+
+def _pending(results: Iterable[dict[str, Any]], decode: Callable[[Any], Any]) -> PendingWrites:
+    """Pending writes per LangGraph checkpoint id from their rows' results, oldest first; the
+    newest row wins per (task, index)."""
+    latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
+    for result in results:
+        latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
+    return {
+        lg_id: [(w["task_id"], w["channel"], decode(w["value"])) for _, w in sorted(found.items())]
+        for lg_id, found in latest.items()
+    }
+
+
+def _json(value: Any) -> Any:
+    """A jsonb column read through Django's connection, which loads jsonb as text."""
+    return codec.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _row_of(thread: Thread, lg_id: str) -> UUID | None:
+    """The id of the thread's row of a LangGraph checkpoint id, if it has one."""
+    # No ORDER BY: the (thread, LangGraph id) index finds the row, an ordering would only cost.
+    return next(iter(_with_lg_id(thread, lg_id).order_by().values_list("id", flat=True)[:1]), None)
+
+
+def _known(
+    thread: Thread, lg_id: str, row: UUID, values: dict[str, Any], previous: tuple[str, UUID] | None = None
+) -> Known:
+    return Known(
+        thread=thread, lg_id=lg_id, row=row, values=dict(values),
+        items={name: tuple(value) for name, value in values.items() if type(value) is list}, previous=previous,
+    )  # fmt: skip
+
+
+def _member_ops(stored: Any, value: Any, tokens: list[str]) -> Ops:
+    """Ops turning the stored value at `tokens` (MISSING: none) into `value`, both JSON-safe."""
+    path = format_pointer(tokens)
+    if stored is MISSING:
+        return [{"op": "add", "path": path, "value": value}]
+    return make_patch(stored, value, path)
 
 
 def _branch_name(lg_id: str) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
@@ -36,30 +37,57 @@ def put_tool_result(
     Idempotent: a second put of the same key leaves the first result unchanged and
     returns it, so two copies of an agent racing on the same call agree on one answer.
     """
-    if not key or len(key) > MAX_KEY_LENGTH:
-        raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
-    try:
-        canonical = codec.to_canonical_bytes(result)
-        codec.check_depth(result)
-    except codec.EncodingError as exc:
-        raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
+    ((stored, created),) = put_tool_results(thread=thread, results=[(key, result)], tool=tool, checkpoint=checkpoint)
+    return stored, created
+
+
+def put_tool_results(
+    *, thread: Thread, results: Sequence[tuple[str, Any]], tool: str = "", checkpoint: Checkpoint | UUID | None = None
+) -> list[tuple[ToolResult, bool]]:
+    """`put_tool_result` for several (key, result) pairs of one tool in one statement: all are
+    checked before any is written, and each key keeps its first result."""
+    rows: list[tuple[str, bytes, Any]] = []
+    for key, result in results:
+        if not key or len(key) > MAX_KEY_LENGTH:
+            raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
+        try:
+            canonical = codec.to_canonical_bytes(result)
+            codec.check_depth(result)
+        except codec.EncodingError as exc:
+            raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
+        rows.append((key, crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)), canonical))
+    if not rows:
+        return []
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
     # The clock now, not now(): that is when the transaction began, which would date a
     # result before checkpoints written earlier in it.
     created_at = timezone.now()
+    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
+    params: list[Any] = []
+    for key, sealed, _ in rows:
+        params += [thread.pk, key, tool[:200], sealed, checkpoint_id, created_at]
     with connection.cursor() as cursor:
         cursor.execute(
             "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
-            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (thread_id, key) DO NOTHING RETURNING id",
-            [thread.pk, key, tool[:200], crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)),
-             checkpoint_id, created_at],
+            f"VALUES {values} ON CONFLICT (thread_id, key) DO NOTHING RETURNING id, key",
+            params,
+        )
+        inserted = {key: row_id for row_id, key in cursor.fetchall()}
+    missing = [key for key, *_ in rows if key not in inserted]
+    existing = (
+        {found.key: found for found in ToolResult.objects.filter(thread=thread, key__in=missing)} if missing else {}
+    )
+    stored: list[tuple[ToolResult, bool]] = []
+    for key, _, canonical in rows:
+        if key not in inserted:  # the key was there: the first result stands
+            stored.append((existing[key], False))
+            continue
+        fresh = ToolResult(
+            id=inserted[key], thread_id=thread.pk, key=key, tool=tool[:200], result=json.loads(canonical),
+            checkpoint_id=checkpoint_id, created_at=created_at,
         )  # fmt: skip
-        row = cursor.fetchone()
-    if row is None:  # the key was there: the first result stands
-        return ToolResult.objects.get(thread=thread, key=key), False
-    stored = ToolResult(id=row[0], thread_id=thread.pk, key=key, tool=tool[:200], result=json.loads(canonical),
-                        checkpoint_id=checkpoint_id, created_at=created_at)  # fmt: skip
-    return stored, True
+        stored.append((fresh, True))
+    return stored
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:

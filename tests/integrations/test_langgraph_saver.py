@@ -33,12 +33,17 @@ def respond(state: ChatState) -> dict[str, Any]:
     return {"messages": [message(len(state["messages"]))]}
 
 
-def chat_graph(saver: QuicksaveSaver) -> Any:
-    builder = StateGraph(ChatState)
-    builder.add_node("respond", respond)
-    builder.add_edge(START, "respond")
-    builder.add_edge("respond", END)
+def one_node_graph(state: type, node: Any, saver: QuicksaveSaver) -> Any:
+    """START -> node -> END, checkpointed by `saver`."""
+    builder: Any = StateGraph(state)
+    builder.add_node(node.__name__, node)
+    builder.add_edge(START, node.__name__)
+    builder.add_edge(node.__name__, END)
     return builder.compile(checkpointer=saver)
+
+
+def chat_graph(saver: QuicksaveSaver) -> Any:
+    return one_node_graph(ChatState, respond, saver)
 
 
 def user(text: str) -> dict[str, Any]:
@@ -133,11 +138,7 @@ def test_langchain_messages_round_trip_through_typed_envelopes() -> None:
     def answer(state: MessagesState) -> dict[str, Any]:
         return {"messages": [AIMessage(content=f"answer {len(state['messages'])}")]}
 
-    builder = StateGraph(MessagesState)
-    builder.add_node("answer", answer)
-    builder.add_edge(START, "answer")
-    builder.add_edge("answer", END)
-    graph: Any = builder.compile(checkpointer=QuicksaveSaver())
+    graph = one_node_graph(MessagesState, answer, QuicksaveSaver())
     config: RunnableConfig = {"configurable": {"thread_id": "chat-messages"}}
     for turn in range(3):
         graph.invoke(MessagesState(messages=[HumanMessage(content=f"question {turn}")]), config)
@@ -157,11 +158,7 @@ def approval_graph(saver: QuicksaveSaver) -> Any:
         decision = interrupt({"action": "book_flight", "args": {"to": "Lisbon"}})
         return {"messages": [{"role": "tool", "content": f"booking {decision}"}]}
 
-    builder = StateGraph(ChatState)
-    builder.add_node("book", book)
-    builder.add_edge(START, "book")
-    builder.add_edge("book", END)
-    return builder.compile(checkpointer=saver)
+    return one_node_graph(ChatState, book, saver)
 
 
 def test_an_interrupt_is_kept_as_a_pending_write_and_resumes() -> None:
@@ -212,3 +209,91 @@ def test_a_subgraph_checkpoints_into_its_own_namespace_thread() -> None:
     # Deleting the LangGraph thread removes every namespace of it.
     graph.checkpointer.delete_thread("chat-subgraph")
     assert not Thread.objects.filter(metadata__langgraph__thread_id="chat-subgraph").exists()
+
+
+class EditableState(TypedDict):
+    messages: Annotated[list[dict[str, Any]], add_messages]
+    notes: list[str]
+
+
+def edit_graph(saver: QuicksaveSaver) -> Any:
+    """Each turn appends a message, rewrites the first one by id and edits `notes` in place."""
+
+    def edit(state: EditableState) -> dict[str, Any]:
+        turn = len(state["messages"])
+        notes = state.get("notes") or []
+        if notes:
+            notes[0] = f"first note, seen at turn {turn}"  # the very list LangGraph holds, edited in place
+        notes.append(f"note {turn}")
+        return {
+            "messages": [
+                {"id": "m-first", "role": "assistant", "content": f"rewritten at turn {turn}"},
+                {"id": f"m-{turn}", "role": "assistant", "content": f"turn {turn}"},
+            ],
+            "notes": notes,
+        }
+
+    return one_node_graph(EditableState, edit, saver)
+
+
+def stored_values(thread_id: str) -> dict[str, Any]:
+    """The latest state as a saver that has seen nothing reads it from the database."""
+    config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
+    store.clear_caches()
+    found = QuicksaveSaver().get_tuple(config)
+    assert found is not None
+    return dict(found.checkpoint["channel_values"])
+
+
+def test_replaced_messages_and_lists_edited_in_place_are_stored_as_the_graph_holds_them() -> None:
+    graph = edit_graph(QuicksaveSaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "edits"}}
+    for _ in range(4):
+        graph.invoke({}, config)
+
+    held = graph.get_state(config).values
+    assert held["notes"][0].startswith("first note, seen at turn")
+    assert len(held["notes"]) == 4
+    values = stored_values("edits")
+    assert [m.content for m in values["messages"]] == [m.content for m in held["messages"]]
+    assert values["messages"][0].content == held["messages"][0].content == "rewritten at turn 4"
+    assert values["notes"] == held["notes"]
+
+
+def test_two_savers_taking_turns_on_one_thread_each_write_on_top_of_the_other() -> None:
+    first, second = chat_graph(QuicksaveSaver()), chat_graph(QuicksaveSaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "turns"}}
+    for turn in range(6):
+        (first if turn % 2 == 0 else second).invoke({"messages": [user(f"turn {turn}")]}, config)
+
+    values = stored_values("turns")
+    assert [m["content"] for m in values["messages"] if m["role"] == "user"] == [f"turn {t}" for t in range(6)]
+    assert len(values["messages"]) == 12
+    thread = quicksave_thread("turns")
+    assert Branch.objects.filter(thread=thread).count() == 1  # every put found its parent at the head
+
+
+def test_a_read_after_a_put_gives_what_was_stored_even_if_the_list_was_changed_since() -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    saver = QuicksaveSaver()
+    messages = [user("one"), user("two")]
+
+    def put(thread_id: str) -> RunnableConfig:
+        config: RunnableConfig = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"messages": messages}
+        checkpoint["channel_versions"] = {"messages": 1}
+        saver.put(config, checkpoint, {"source": "input", "step": -1}, {"messages": 1})
+        return config
+
+    unchanged = saver.get_tuple(put("reread"))
+    assert unchanged is not None
+    assert unchanged.checkpoint["channel_values"]["messages"] == [user("one"), user("two")]
+    assert unchanged.checkpoint["channel_values"]["messages"] is not messages  # a list of its own
+
+    config = put("reread-changed")
+    messages.append(user("never saved"))  # the caller's list, changed after the put
+    changed = saver.get_tuple(config)
+    assert changed is not None
+    assert changed.checkpoint["channel_values"]["messages"] == [user("one"), user("two")]

@@ -44,13 +44,24 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
         await self.channel_layer.group_add(live.INBOX_GROUP, self.channel_name)
         await self.accept()
         pending = await database_sync_to_async(_pending)(user)
+        # A request that committed just before the sync may still be on its way through the
+        # channel layer; the sync already names it, so its event is not sent a second time.
+        self.synced = set(pending)
         await self.send_json({"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": pending}})
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(live.INBOX_GROUP, self.channel_name)
 
+    async def live_events(self, message: dict[str, Any]) -> None:
+        """Several events the publisher sent together, in order."""
+        for event in message["events"]:
+            await self.live_event({"event": event})
+
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
         if self.agent is not None and event.get("agent") != self.agent:
             return  # an agent key sees its own agent's approvals only
+        if event["type"] == "approval.requested" and event["data"].get("approval") in self.synced:
+            self.synced.discard(event["data"]["approval"])
+            return
         await self.send_json({key: event[key] for key in ("type", "seq", "thread", "data")})

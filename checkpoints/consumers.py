@@ -65,6 +65,11 @@ class ThreadConsumer(AsyncJsonWebsocketConsumer):
         if hasattr(self, "last_seq"):
             await self.channel_layer.group_discard(live.thread_group(self.thread_id), self.channel_name)
 
+    async def live_events(self, message: dict[str, Any]) -> None:
+        """Several events the publisher sent together, in order."""
+        for event in message["events"]:
+            await self.live_event({"event": event})
+
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
         if event["seq"] <= self.last_seq:

@@ -27,6 +27,18 @@ def _fresh_store_caches() -> Iterator[None]:
     store.clear_caches()
 
 
+@pytest.fixture(autouse=True)
+def _fresh_channel_layer() -> Iterator[None]:
+    # pytest-asyncio gives each test its own event loop, and a channels-redis layer keeps
+    # asyncio locks and connection pools bound to the loop that first used them: each test
+    # gets a layer of its own, as each server process does.
+    from channels.layers import channel_layers
+
+    channel_layers.backends = {}
+    yield
+    channel_layers.backends = {}
+
+
 @pytest.fixture
 def agent(db: Any) -> Agent:
     return get_or_create_agent(name="travel")

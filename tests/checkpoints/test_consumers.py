@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
@@ -102,6 +103,43 @@ async def test_a_missed_live_event_is_filled_in_from_the_table(application: Any)
     await communicator.disconnect()
 
 
+async def test_a_burst_of_writes_arrives_in_order_once_each_though_sent_in_batches(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=2", viewer)
+    await communicator.connect()
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+    messages: list[str] = []
+    group_send = layer.group_send
+
+    released = asyncio.Event()
+
+    async def counting(group: str, message: dict[str, Any]) -> None:
+        messages.append(message["type"])
+        await released.wait()  # the first send is slow: the rest of the burst queues up behind it
+        await group_send(group, message)
+
+    def burst() -> None:
+        head, _ = store.latest_state(thread=thread)
+        for i in range(30):
+            head = store.append_checkpoint(thread=thread, parent=head, state={"i": i}).pk
+
+    layer.group_send = counting
+    try:
+        await sync_to_async(burst)()
+        released.set()
+        got = [await communicator.receive_json_from(timeout=5) for _ in range(30)]
+    finally:
+        layer.group_send = group_send
+    assert [event["seq"] for event in got] == list(range(3, 33))
+    assert await communicator.receive_nothing(timeout=0.3)
+    # Whatever queued up behind the first (held) send went out together with it or after it.
+    assert "live.events" in messages and len(messages) <= 2, messages
+    await communicator.disconnect()
+
+
 @pytest.mark.parametrize("who", ["anonymous", "stranger", "foreign-key"])
 async def test_people_and_agents_who_cannot_see_the_thread_are_refused(application: Any, who: str) -> None:
     thread = await sync_to_async(_thread_with)(1)
@@ -172,4 +210,31 @@ async def test_the_inbox_syncs_pending_approvals_then_streams_decisions(applicat
     decided = await communicator.receive_json_from(timeout=5)
     assert (decided["type"], decided["data"]["approval"], decided["data"]["status"]) == (
         "approval.decided", str(first.pk), "approved")  # fmt: skip
+    await communicator.disconnect()
+
+
+async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(application: Any) -> None:
+    from channels.layers import get_channel_layer
+
+    from approvals.services import request_approval
+
+    viewer = await sync_to_async(_viewer)()
+
+    def suspend() -> Any:
+        thread = _thread_with(1)
+        checkpoint = Checkpoint.objects.get(thread=thread, seq=1)
+        return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
+
+    first = await sync_to_async(suspend)()
+    await sync_to_async(live.flush)()
+    communicator = await connect(application, "/ws/inbox/", viewer)
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["data"]["pending"] == [str(first.pk)]
+
+    # The first request's event, late through the channel layer, then a new request.
+    late = live.message(thread_id=first.thread_id, seq=3, type="approval.requested", data={"approval": str(first.pk)})
+    await get_channel_layer().group_send(live.INBOX_GROUP, {"type": "live.event", "event": late})
+    second = await sync_to_async(suspend)()
+    requested = await communicator.receive_json_from(timeout=5)
+    assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
     await communicator.disconnect()

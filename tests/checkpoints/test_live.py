@@ -1,0 +1,37 @@
+"""The live publisher skips channel-layer sends to Redis groups nobody is in."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from channels_redis.core import RedisChannelLayer
+
+from checkpoints import live
+from tests.processes import RedisServer
+
+
+def test_a_group_without_members_is_skipped_and_one_with_a_member_is_not(redis_server: RedisServer) -> None:
+    layer = RedisChannelLayer(hosts=[redis_server.url])
+    group = live.thread_group("0193a3c0-0000-7000-8000-000000000001")
+    assert not live._may_have_listeners(layer, group)
+
+    async def join() -> None:
+        await layer.group_add(group, await layer.new_channel())
+
+    asyncio.run(join())
+    assert live._may_have_listeners(layer, group)
+
+
+def test_when_redis_cannot_be_asked_the_send_goes_ahead(redis_server: RedisServer) -> None:
+    layer = RedisChannelLayer(hosts=[redis_server.url])
+    redis_server.kill()
+    live._redis_client.cache_clear()
+    assert live._may_have_listeners(layer, live.thread_group("0193a3c0-0000-7000-8000-000000000002"))
+
+
+def test_other_layers_are_always_sent_to() -> None:
+    from channels.layers import InMemoryChannelLayer
+
+    layer: Any = InMemoryChannelLayer()
+    assert live._may_have_listeners(layer, "thread.anything")

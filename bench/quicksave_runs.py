@@ -27,6 +27,7 @@ from bench.peers import Result, ensure_bench_database, median_ms, server_url, wi
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "checkpoints_checkpoint", "checkpoints_event", "checkpoints_thread", "checkpoints_branch", "checkpoints_threadkey",
+    "checkpoints_materialisedhead",
 )  # fmt: skip
 READS = 21
 
@@ -102,7 +103,13 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
         return store.latest_state(thread=thread)[1]
 
     with override_settings(QUICKSAVE_HOT_TTL_SECONDS=0):  # from PostgreSQL alone: no Redis
+        # The first read is the truly cold one: it replays the deltas since the last snapshot and
+        # saves the head's state as the branch's materialised head (store._materialise_head).
+        # The median that follows reads the same head again, so it measures reading that saved
+        # state: it helps only a head read more than once, which this repetition favours.
+        started = time.perf_counter()
         state = latest()
+        first_ms = (time.perf_counter() - started) * 1000
         assert state["step"] == steps and len(state["messages"]) == steps
         assert state["messages"][-1] == work[-1].message and state["facts"] == work[-1].facts
         latest_ms = median_ms(latest, READS)
@@ -137,7 +144,8 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
     return Result(
         name=name, steps=steps, cps=cps, bytes_per_cp=_bytes() / steps, latest_read_ms=latest_ms,
         state_at_ms=statistics.median(samples), history_ms=history_ms,
-        extra={**extra, **window_cps(t0, stamps), "latest_read_warm_ms": round(warm_ms, 3), **hot},
+        extra={**extra, **window_cps(t0, stamps), "latest_read_first_ms": round(first_ms, 3),
+               "latest_read_warm_ms": round(warm_ms, 3), **hot},
     )  # fmt: skip
 
 

@@ -7,6 +7,7 @@ import hmac
 import json
 import math
 import struct
+import zlib
 from typing import Any
 from uuid import UUID
 
@@ -77,3 +78,11 @@ def test_integrity_mac_covers_the_same_bytes_as_before(parent: UUID | None) -> N
         "fields": {"step": 4, "label": "café", "metadata": {"k": [1, 2.5, None]}, "seed": 2**70, "id": UUID(int=9)},
     }  # fmt: skip
     assert codec.integrity_mac(**arguments) == _reference_mac(**arguments)
+
+
+def test_large_payloads_are_compressed_at_the_fastest_level_and_small_ones_tighter() -> None:
+    words = " ".join(f"word{i % 997} and some more text" for i in range(5000)).encode()
+    small, large = words[: codec.FAST_FROM // 2], words[: codec.FAST_FROM * 2]
+    assert codec.encode(small) == codec.ZLIB + zlib.compress(small, 6)
+    assert codec.encode(large) == codec.ZLIB + zlib.compress(large, 1)
+    assert codec.unframe(codec.encode(large)) == large

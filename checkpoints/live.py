@@ -20,7 +20,7 @@ from typing import Any
 from uuid import UUID
 
 import redis
-from channels.layers import get_channel_layer
+from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.db import transaction
 
@@ -134,9 +134,12 @@ def _may_have_listeners(layer: Any, group: str) -> bool:
     channels-redis keeps a group's members in a sorted set; its size is one synchronous
     round trip, where `group_send` to an empty group is two asynchronous ones, and most
     groups a busy writer sends to have nobody watching. A socket joining just after the
-    check misses nothing: it joins its group before it replays the Event table. Any doubt
-    (another layer, another host layout, an error) says yes.
+    check misses nothing: it joins its group before it replays the Event table. The in-memory
+    layer's groups are in this process, so they are looked at directly. Any doubt (another
+    layer, another host layout, an error) says yes.
     """
+    if isinstance(layer, InMemoryChannelLayer):
+        return bool(layer.groups.get(group))
     if not isinstance(layer, RedisChannelLayer) or len(layer.hosts) != 1 or "address" not in layer.hosts[0]:
         return True
     try:

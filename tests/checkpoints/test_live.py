@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 from channels_redis.core import RedisChannelLayer
 
@@ -30,8 +29,26 @@ def test_when_redis_cannot_be_asked_the_send_goes_ahead(redis_server: RedisServe
     assert live._may_have_listeners(layer, live.thread_group("0193a3c0-0000-7000-8000-000000000002"))
 
 
-def test_other_layers_are_always_sent_to() -> None:
+def test_an_in_memory_group_is_sent_to_only_while_it_has_a_member() -> None:
     from channels.layers import InMemoryChannelLayer
 
-    layer: Any = InMemoryChannelLayer()
-    assert live._may_have_listeners(layer, "thread.anything")
+    layer = InMemoryChannelLayer()
+    group = live.thread_group("0193a3c0-0000-7000-8000-000000000003")
+    assert not live._may_have_listeners(layer, group)
+
+    async def join() -> str:
+        channel = await layer.new_channel()
+        await layer.group_add(group, channel)
+        return channel
+
+    channel = asyncio.run(join())
+    assert live._may_have_listeners(layer, group)
+    asyncio.run(layer.group_discard(group, channel))
+    assert not live._may_have_listeners(layer, group)
+
+
+def test_other_layers_are_always_sent_to() -> None:
+    class SomeOtherLayer:
+        pass
+
+    assert live._may_have_listeners(SomeOtherLayer(), "thread.anything")

@@ -45,6 +45,15 @@ def _thread_with(n: int) -> Any:
     return thread
 
 
+def _suspended() -> Any:
+    """A new thread whose first checkpoint waits for an approval."""
+    from approvals.services import request_approval
+
+    thread = _thread_with(1)
+    checkpoint = Checkpoint.objects.get(thread=thread, seq=1)
+    return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
+
+
 async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
     communicator = WebsocketCommunicator(application, path)
     communicator.scope["user"] = user
@@ -182,22 +191,16 @@ async def test_malformed_after_seq_is_refused(application: Any) -> None:
 
 
 async def test_the_inbox_syncs_pending_approvals_then_streams_decisions(application: Any) -> None:
-    from approvals.services import decide, request_approval
+    from approvals.services import decide
 
     viewer = await sync_to_async(_viewer)()
-
-    def suspend() -> Any:
-        thread = _thread_with(1)
-        checkpoint = Checkpoint.objects.get(thread=thread, seq=1)
-        return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
-
-    first = await sync_to_async(suspend)()
+    first = await sync_to_async(_suspended)()
     communicator = await connect(application, "/ws/inbox/", viewer)
     assert (await communicator.connect())[0]
     sync = await communicator.receive_json_from(timeout=5)
     assert sync == {"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": [str(first.pk)]}}
 
-    second = await sync_to_async(suspend)()
+    second = await sync_to_async(_suspended)()
     requested = await communicator.receive_json_from(timeout=5)
     assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
 
@@ -216,16 +219,8 @@ async def test_the_inbox_syncs_pending_approvals_then_streams_decisions(applicat
 async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(application: Any) -> None:
     from channels.layers import get_channel_layer
 
-    from approvals.services import request_approval
-
     viewer = await sync_to_async(_viewer)()
-
-    def suspend() -> Any:
-        thread = _thread_with(1)
-        checkpoint = Checkpoint.objects.get(thread=thread, seq=1)
-        return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
-
-    first = await sync_to_async(suspend)()
+    first = await sync_to_async(_suspended)()
     await sync_to_async(live.flush)()
     communicator = await connect(application, "/ws/inbox/", viewer)
     assert (await communicator.connect())[0]
@@ -234,7 +229,7 @@ async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(applic
     # The first request's event, late through the channel layer, then a new request.
     late = live.message(thread_id=first.thread_id, seq=3, type="approval.requested", data={"approval": str(first.pk)})
     await get_channel_layer().group_send(live.INBOX_GROUP, {"type": "live.event", "event": late})
-    second = await sync_to_async(suspend)()
+    second = await sync_to_async(_suspended)()
     requested = await communicator.receive_json_from(timeout=5)
     assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
     await communicator.disconnect()

@@ -36,10 +36,11 @@ _request_threads = ThreadPoolExecutor(max_workers=settings.QUICKSAVE_HTTP_THREAD
 
 
 class _PooledInstance(WsgiToAsgiInstance):
-    """asgiref's WSGI adapter with two changes: the app runs on our pool of request threads,
-    and a response that is not streamed goes back to the event loop in one piece once the app
-    has returned. (asgiref hands every part to the loop with a blocking hop from the request
-    thread, three per request, together costing about as much as a checkpoint write.)"""
+    """asgiref's WSGI adapter with three changes: the app runs on our pool of request threads,
+    its response is closed as WSGI requires, and a response that is not streamed goes back to
+    the event loop in one piece once the app has returned. (asgiref hands every part to the
+    loop with a blocking hop from the request thread, three per request, together costing
+    about as much as a checkpoint write.)"""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.async_send = send
@@ -59,10 +60,17 @@ class _PooledInstance(WsgiToAsgiInstance):
                 {"type": "http.response.body", "body": b"Bad Request: Too many duplicate headers"},
             ]
         response = self.wsgi_application(environ, self.start_response)
-        if getattr(response, "streaming", False):  # exports and static files go part by part
-            self._stream(response)
-            return []
-        content = b"".join(response)
+        try:
+            if getattr(response, "streaming", False):  # exports and static files go part by part
+                self._stream(response)
+                return []
+            content = b"".join(response)
+        finally:
+            # What every WSGI server does and asgiref does not: closing the response ends
+            # Django's request (request_finished), which gives the thread's database connection
+            # back to the pool. Without it an idle request thread keeps its connection, and
+            # more threads than pooled connections time out waiting for one.
+            response.close()
         if self.response_content_length is not None:
             content = content[: self.response_content_length]
         return [self.response_start, {"type": "http.response.body", "body": content}]

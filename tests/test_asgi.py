@@ -59,3 +59,32 @@ def test_a_static_file_arrives_byte_for_byte(server_url: str) -> None:
     response = httpx.get(f"{server_url}/static/js/thread.js", timeout=30)
     assert response.status_code == 200
     assert response.content == (ROOT / "static" / "js" / "thread.js").read_bytes()
+
+
+def test_request_threads_give_their_database_connection_back_after_each_request(agent_key: str) -> None:
+    """More request threads than pooled connections: a thread holds a connection only while it
+    serves a request (the WSGI response is closed, which ends Django's request), so concurrent
+    requests queue for the pool briefly instead of timing out behind idle threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.processes import free_port, start_server, stop
+
+    port = free_port()
+    server = start_server(port, {"DATABASE_POOL_SIZE": "2", "QUICKSAVE_HTTP_THREADS": "8"})
+    try:
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {agent_key}"}, timeout=30
+        ) as client:
+
+            def list_threads(_: int) -> tuple[int, float]:
+                response = client.get("/api/v1/threads/")
+                return response.status_code, response.elapsed.total_seconds()
+
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                for _ in range(3):
+                    answers = list(pool.map(list_threads, range(8)))
+                    assert [status for status, _ in answers] == [200] * 8, answers
+                    # The pool waits up to 10 s for a connection: no request came near that.
+                    assert max(elapsed for _, elapsed in answers) < 5, answers
+    finally:
+        stop(server)

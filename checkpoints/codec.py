@@ -65,13 +65,11 @@ def check_depth(value: Any, *, base: int = 0) -> None:
         raise EncodingError(f"is nested {depth} levels deep; the limit is {limit}")
 
 
-def encode(canonical: bytes, *, level: int | None = None) -> bytes:
-    """Frame canonical JSON bytes for storage, compressed (zlib `level`, by default 6 below
-    FAST_FROM bytes and 1 from there on) when that pays."""
+def encode(canonical: bytes) -> bytes:
+    """Frame canonical JSON bytes for storage, compressed when that pays (zlib level 6 below
+    FAST_FROM bytes, level 1 from there on)."""
     if len(canonical) >= COMPRESS_FROM:
-        if level is None:
-            level = 1 if len(canonical) >= FAST_FROM else 6
-        packed = zlib.compress(canonical, level)
+        packed = zlib.compress(canonical, 1 if len(canonical) >= FAST_FROM else 6)
         if len(packed) < len(canonical):
             return ZLIB + packed
     return RAW + canonical

@@ -825,13 +825,8 @@ def _from_head(row: _Row, head: _Head) -> Node | None:
     """
     if row.id != head.checkpoint_id or not hmac.compare_digest(_head_mac(row, head.payload), head.mac):
         return None
-    stored = head.payload
     try:
-        ad = head_ad(row.branch_id, row.id) if crypto.is_sealed(stored) else b""
-        canonical = codec.unframe(crypto.unseal(row.thread_id, ad, stored))
-        state = codec.loads(canonical)
-        if blobs.has_refs(canonical):
-            state = blobs.restore(row.thread_id, state)
+        state = _open(row.thread_id, head.payload, lambda: head_ad(row.branch_id, row.id))
     except (ValueError, IntegrityFailure):
         return None
     return _node_from(row, state)
@@ -856,8 +851,7 @@ def _materialise_head(node: Node) -> None:
         encoded = codec.dumps(node.state)
         if len(encoded) > blobs.limit():
             encoded = _offloaded(node.thread_id, node.state, encoded)
-        # zlib's fastest level: this runs inside a read, and decompressing costs the same.
-        payload = crypto.seal(node.thread_id, head_ad(node.branch_id, node.id), codec.encode(encoded, level=1))
+        payload = crypto.seal(node.thread_id, head_ad(node.branch_id, node.id), codec.encode(encoded))
         params: dict[str, Any] = {
             "branch_id": node.branch_id, "checkpoint_id": node.id, "seq": node.seq, "integrity": node.integrity,
             "payload": payload, "mac": _head_mac(node, payload),
@@ -903,13 +897,17 @@ def decode_payload(row: Checkpoint | _Row, *, restore: bool = True) -> Any:
     read back unless `restore` is False); callers check the row's MAC first (see verify.py),
     which covers the stored, sealed bytes and so the references to offloaded values.
     """
-    stored = bytes(row.payload)
-    # Only a sealed payload is bound to its row; a replay opens hundreds of plain ones.
-    ad = payload_ad(row.id) if crypto.is_sealed(stored) else b""
-    canonical = codec.unframe(crypto.unseal(row.thread_id, ad, stored))
+    return _open(row.thread_id, bytes(row.payload), lambda: payload_ad(row.id), restore=restore)
+
+
+def _open(thread_id: UUID, stored: bytes, ad: Callable[[], bytes], *, restore: bool = True) -> Any:
+    """The JSON value in a sealed (or, in a thread without a data key, plain) framed payload,
+    with its offloaded values read back unless `restore` is False. `ad` gives what a sealed
+    payload is bound to; it is only computed for one (a replay opens hundreds of plain ones)."""
+    canonical = codec.unframe(crypto.unseal(thread_id, ad() if crypto.is_sealed(stored) else b"", stored))
     value = codec.loads(canonical)
     if restore and blobs.has_refs(canonical):
-        value = blobs.restore(row.thread_id, value)
+        value = blobs.restore(thread_id, value)
     return value
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
@@ -83,7 +82,7 @@ def put_tool_results(
             stored.append((existing[key], False))
             continue
         fresh = ToolResult(
-            id=inserted[key], thread_id=thread.pk, key=key, tool=tool[:200], result=json.loads(canonical),
+            id=inserted[key], thread_id=thread.pk, key=key, tool=tool[:200], result=codec.loads(canonical),
             checkpoint_id=checkpoint_id, created_at=created_at,
         )  # fmt: skip
         stored.append((fresh, True))

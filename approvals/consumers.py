@@ -6,7 +6,6 @@ import asyncio
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from agents.auth import AgentPrincipal
 from approvals.models import ApprovalRequest, ApprovalStatus
@@ -27,7 +26,7 @@ def _sees_everything(principal: Any) -> bool:
     return bool(principal.has_perm("checkpoints.view_thread"))
 
 
-class InboxConsumer(AsyncJsonWebsocketConsumer):
+class InboxConsumer(live.EventConsumer):
     """`/ws/inbox/`: first an `inbox.sync` with the pending approval ids (a reconnecting client
     reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
 
@@ -51,11 +50,6 @@ class InboxConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code: int) -> None:
         await self.channel_layer.group_discard(live.INBOX_GROUP, self.channel_name)
-
-    async def live_events(self, message: dict[str, Any]) -> None:
-        """Several events the publisher sent together, in order."""
-        for event in message["events"]:
-            await self.live_event({"event": event})
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]

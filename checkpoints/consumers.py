@@ -7,7 +7,6 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from checkpoints import live
 from checkpoints.access import visible_threads
@@ -35,7 +34,7 @@ def after_seq(scope: dict[str, Any]) -> int | None:
     return seq if seq >= 0 else None
 
 
-class ThreadConsumer(AsyncJsonWebsocketConsumer):
+class ThreadConsumer(live.EventConsumer):
     """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
 
     Consumers handle one message at a time, so live events that arrive during the
@@ -64,11 +63,6 @@ class ThreadConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code: int) -> None:
         if hasattr(self, "last_seq"):
             await self.channel_layer.group_discard(live.thread_group(self.thread_id), self.channel_name)
-
-    async def live_events(self, message: dict[str, Any]) -> None:
-        """Several events the publisher sent together, in order."""
-        for event in message["events"]:
-            await self.live_event({"event": event})
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]

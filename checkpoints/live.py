@@ -20,6 +20,7 @@ from typing import Any
 from uuid import UUID
 
 import redis
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.db import transaction
@@ -39,6 +40,18 @@ def thread_group(thread_id: UUID | str) -> str:
 def message(*, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any]) -> dict[str, Any]:
     """An event as websocket clients receive it (PRODUCT.md's shape)."""
     return {"type": type, "seq": seq, "thread": str(thread_id), "data": data}
+
+
+class EventConsumer(AsyncJsonWebsocketConsumer):
+    """A websocket that receives the publisher's messages: `live.event` goes to `live_event`,
+    which a consumer defines; `live.events` (a batch) hands it each event in order."""
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def live_events(self, message: dict[str, Any]) -> None:
+        for event in message["events"]:
+            await self.live_event({"event": event})
 
 
 _server_loop: asyncio.AbstractEventLoop | None = None

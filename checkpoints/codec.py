@@ -1,4 +1,4 @@
-"""How states and deltas become bytes: canonical JSON, optional zlib, never pickle.
+"""How states and deltas become bytes: canonical JSON, optionally compressed, never pickle.
 
 Also the checks every stored value passes (finite numbers, bounded nesting,
 valid Unicode) and the integrity MAC chained from a checkpoint to its parent.
@@ -10,24 +10,30 @@ import hashlib
 import hmac
 import json
 import struct
+import threading
 import zlib
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
 import orjson
+import zstandard
 from django.conf import settings
 
 from checkpoints.jsonpatch import canonical_json, json_depth
 
 RAW = b"\x00"
 ZLIB = b"\x01"
-# Below this size zlib's header eats what it saves.
+# 0x02 opens a sealed value (crypto.SEALED), so the next plain frame is 0x03.
+ZSTD = b"\x03"
+# Below this size a frame header eats what compression saves.
 COMPRESS_FROM = 200
-# From this size on zlib runs at its fastest level: a snapshot of a long thread's state is
-# about a megabyte, which level 6 takes 70 ms to compress and level 1 16 ms, for a result
-# some 12% larger. Deltas and small states keep the tighter level 6.
-FAST_FROM = 64 * 1024
+# zstd level 3: a megabyte snapshot of a long thread packs as tightly as zlib level 6 in 8 ms
+# instead of 63 and unpacks in 1.7 ms instead of 3.5; a kilobyte delta packs in 11 µs where
+# zlib, which sets up a new stream each call, takes 30 to 120 µs (for some 4% fewer bytes).
+# Payloads written before are zlib frames and still open.
+ZSTD_LEVEL = 3
+_zstd = threading.local()
 # json.dumps() with non-default options builds a new encoder per call; the MAC of every row
 # replayed encodes its fields, so keep one (the bytes are the same: they are what MACs cover).
 _FIELDS_ENCODER = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=str)
@@ -66,12 +72,11 @@ def check_depth(value: Any, *, base: int = 0) -> None:
 
 
 def encode(canonical: bytes) -> bytes:
-    """Frame canonical JSON bytes for storage, compressed when that pays (zlib level 6 below
-    FAST_FROM bytes, level 1 from there on)."""
+    """Frame canonical JSON bytes for storage: zstd-compressed when that pays, else as they are."""
     if len(canonical) >= COMPRESS_FROM:
-        packed = zlib.compress(canonical, 1 if len(canonical) >= FAST_FROM else 6)
+        packed = _compressor().compress(canonical)
         if len(packed) < len(canonical):
-            return ZLIB + packed
+            return ZSTD + packed
     return RAW + canonical
 
 
@@ -79,11 +84,31 @@ def unframe(blob: bytes | memoryview) -> bytes:
     """The canonical JSON bytes inside a frame made by `encode`."""
     view = memoryview(blob)
     tag = bytes(view[:1])
+    if tag == ZSTD:
+        try:
+            return _decompressor().decompress(view[1:])
+        except zstandard.ZstdError as exc:
+            raise ValueError(f"corrupt zstd payload: {exc}") from None
     if tag == ZLIB:
         return zlib.decompress(view[1:])
     if tag != RAW:
         raise ValueError(f"unknown payload encoding {tag!r}")
     return bytes(view[1:])
+
+
+# zstd's compressor and decompressor objects are not thread-safe: one pair per thread.
+def _compressor() -> zstandard.ZstdCompressor:
+    if not hasattr(_zstd, "compressor"):
+        _zstd.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    compressor: zstandard.ZstdCompressor = _zstd.compressor
+    return compressor
+
+
+def _decompressor() -> zstandard.ZstdDecompressor:
+    if not hasattr(_zstd, "decompressor"):
+        _zstd.decompressor = zstandard.ZstdDecompressor()
+    decompressor: zstandard.ZstdDecompressor = _zstd.decompressor
+    return decompressor
 
 
 def dumps(value: Any) -> bytes:

@@ -11,7 +11,7 @@ ciphertext copied into another row or field does not open. Deleting a thread's d
 key (crypto-shredding) leaves every copy of its rows, backups included, unreadable.
 
 A sealed value is framed `0x02 | nonce (12) | ciphertext | tag (16)`; the plain frames
-of `checkpoints.codec` start with 0x00 or 0x01, so rows written before encryption was
+of `checkpoints.codec` start with 0x00, 0x01 or 0x03, so rows written before encryption was
 turned on (or by a thread made with it off) still read.
 """
 

@@ -32,7 +32,7 @@ import psycopg
 from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
-from psycopg.types.json import Jsonb
+from psycopg.types.json import Jsonb, JsonbBinaryLoader
 
 from agents.models import Agent
 from checkpoints import blobs, codec, crypto, hotcache, live
@@ -680,6 +680,12 @@ SELECT {_ROW_COLUMNS}, {_PARENT_MAC} FROM chain c ORDER BY c.depth DESC
 """
 
 
+class _StoredJsonb(JsonbBinaryLoader):
+    """jsonb in binary results, parsed as every stored JSON value is (codec.loads)."""
+
+    _loads = staticmethod(codec.loads)
+
+
 class _Head(NamedTuple):
     """A branch's materialised head that lies on the path a replay walks (see MaterialisedHead)."""
 
@@ -705,7 +711,10 @@ def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[_Row], 
     its branch's materialised head on (returned with it) when that lies on the way."""
     connection.ensure_connection()
     with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_TARGET_SQL, {"id": checkpoint_id}, prepare=True)
+        # Binary results: a payload arrives as its bytes, not as hex text twice its size for
+        # the server to write and this process to decode (a megabyte head: 0.8 ms, not 4.8).
+        cursor.adapters.register_loader("jsonb", _StoredJsonb)
+        cursor.execute(_TARGET_SQL, {"id": checkpoint_id}, prepare=True, binary=True)
         target = cursor.fetchone()
         if target is None:
             raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
@@ -715,11 +724,10 @@ def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[_Row], 
         first = head.seq if head is not None else seq - chain_length
         params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
                   "thread": thread_id, "branch": branch_id, "first": first, "last": seq}  # fmt: skip
-        cursor.execute(_RANGE_SQL if head is not None or chain_length < seq else _WALK_SQL, params, prepare=True)
+        sql = _RANGE_SQL if head is not None or chain_length < seq else _WALK_SQL
+        cursor.execute(sql, params, prepare=True, binary=True)
         rows = cursor.fetchall()
-    # Django loads jsonb as text on its connection (its JSONField parses it), so do the same.
-    metadata = _Row._fields.index("metadata")
-    return [_Row._make((*row[:metadata], codec.loads(row[metadata]), *row[metadata + 1 :])) for row in rows], head
+    return [_Row._make(row) for row in rows], head
 
 
 def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:

@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import json
 import math
+import random
 import struct
 import zlib
 from typing import Any
@@ -13,10 +14,13 @@ from uuid import UUID
 
 import orjson
 import pytest
+import zstandard
 from django.conf import settings
+from django.test import override_settings
 
-from checkpoints import codec, store
-from checkpoints.models import Thread
+from agents.models import Agent
+from checkpoints import codec, crypto, store
+from checkpoints.models import Checkpoint, Thread
 
 
 def test_an_integer_beyond_64_bits_parses_exactly() -> None:
@@ -80,9 +84,41 @@ def test_integrity_mac_covers_the_same_bytes_as_before(parent: UUID | None) -> N
     assert codec.integrity_mac(**arguments) == _reference_mac(**arguments)
 
 
-def test_large_payloads_are_compressed_at_the_fastest_level_and_small_ones_tighter() -> None:
+def test_payloads_worth_compressing_are_zstd_frames_and_tiny_ones_raw() -> None:
     words = " ".join(f"word{i % 997} and some more text" for i in range(5000)).encode()
-    small, large = words[: codec.FAST_FROM // 2], words[: codec.FAST_FROM * 2]
-    assert codec.encode(small) == codec.ZLIB + zlib.compress(small, 6)
-    assert codec.encode(large) == codec.ZLIB + zlib.compress(large, 1)
-    assert codec.unframe(codec.encode(large)) == large
+    tiny, delta, snapshot = words[: codec.COMPRESS_FROM - 1], words[:1200], words
+    assert codec.encode(tiny) == codec.RAW + tiny
+    for payload in (delta, snapshot):
+        framed = codec.encode(payload)
+        assert framed[:1] == codec.ZSTD and len(framed) < len(payload) // 2
+        assert zstandard.ZstdDecompressor().decompress(framed[1:]) == payload
+        assert codec.unframe(framed) == payload
+    incompressible = random.Random(1).randbytes(512)
+    assert codec.encode(incompressible) == codec.RAW + incompressible
+
+
+def test_a_stored_zlib_frame_of_any_size_still_opens() -> None:
+    """Payloads written before zstd were zlib frames (level 6, and level 1 from 64 KiB)."""
+    large = b'{"text":"' + b"older snapshot " * 10_000 + b'"}'
+    assert codec.unframe(codec.ZLIB + zlib.compress(large, 1)) == large
+
+
+def test_a_corrupt_zstd_frame_is_refused_as_a_bad_value() -> None:
+    framed = codec.encode(b"x" * 1000)
+    with pytest.raises(ValueError, match="corrupt zstd payload"):
+        codec.unframe(framed[:-8] + b"\x00" * 8)
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "sealed"])
+def test_a_large_state_is_stored_as_zstd_and_reads_back_cold(agent: Agent, encrypted: bool) -> None:
+    """A plain zstd frame must not be mistaken for a sealed value (crypto.SEALED is 0x02)."""
+    with override_settings(QUICKSAVE_ENCRYPT=encrypted):
+        thread, _ = store.create_thread(agent=agent)
+    state = {"notes": [f"note {i}: the ferry leaves the harbour at dawn" for i in range(4000)]}
+    first = store.append_checkpoint(thread=thread, parent=None, state=state)
+    stored = bytes(Checkpoint.objects.values_list("payload", flat=True).get(pk=first.pk))
+    assert stored[:1] == (bytes([crypto.SEALED]) if encrypted else codec.ZSTD)
+    store.clear_caches()
+    crypto.forget_keys()
+
+    assert store.state_at(first) == state

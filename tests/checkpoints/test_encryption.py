@@ -18,7 +18,7 @@ from django.test import override_settings
 from agents.models import Agent
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from checkpoints import crypto, store
+from checkpoints import codec, crypto, store
 from checkpoints.crypto import DecryptionFailure
 from checkpoints.models import Checkpoint, Thread, ThreadKey, ToolResult
 from checkpoints.tools import get_tool_result, put_tool_result
@@ -50,10 +50,11 @@ def payload_of(checkpoint_id: Any) -> bytes:
 
 
 def readable(blob: bytes) -> bytes:
-    """Everything a thief could read from a stored value without keys: its bytes, inflated if zlib."""
+    """Everything a thief could read from a stored value without keys: its bytes, and what they
+    unpack to if they are a plain frame (zlib or zstd)."""
     try:
-        return blob + zlib.decompress(blob[1:])
-    except zlib.error:
+        return blob + codec.unframe(blob)
+    except (ValueError, zlib.error):
         return blob
 
 

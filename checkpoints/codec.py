@@ -48,7 +48,7 @@ class EncodingError(ValueError):
 
 def to_canonical_bytes(value: Any) -> bytes:
     try:
-        return canonical_json(value).encode("utf-8")
+        return canonical_json(value)
     except UnicodeEncodeError:
         raise EncodingError("contains a string that is not valid Unicode (a lone surrogate)") from None
     except ValueError as exc:

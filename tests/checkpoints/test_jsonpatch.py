@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
+import enum
 import json
 import math
 import re
 import string
+import uuid
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from checkpoints import jsonpatch
 from checkpoints.jsonpatch import (
     Applied,
     Op,
@@ -785,14 +788,82 @@ def test_json_equal_follows_json_rather_than_python_equality() -> None:
 
 def test_canonical_json_is_sorted_compact_and_unescaped() -> None:
     value = {"b": [1, 2.5, None, True], "a": "é\n", "ü": {}}
-    assert canonical_json(value) == '{"a":"é\\n","b":[1,2.5,null,true],"ü":{}}'
-    assert canonical_json(value) == json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
-    assert canonical_size(value) == len(canonical_json(value).encode("utf-8"))
+    assert canonical_json(value) == '{"a":"é\\n","b":[1,2.5,null,true],"ü":{}}'.encode()
+    assert canonical_size(value) == len(canonical_json(value))
     assert canonical_size("é") == 4
     with pytest.raises(ValueError):
         canonical_json(math.inf)
+
+
+def _reference(value: Any) -> bytes:
+    """What canonical JSON has always been: the standard library's bytes."""
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return text.encode("utf-8")
+
+
+any_text = st.text(st.characters(codec="utf-8"), max_size=8)
+wide_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | any_text,
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(any_text, children, max_size=4),
+    max_leaves=16,
+)
+
+
+@PROPERTY
+@given(wide_values)
+def test_canonical_json_writes_the_standard_librarys_bytes(value: Any) -> None:
+    """orjson writes the plain values, the standard library the rest: the bytes never change."""
+    assert canonical_json(value) == _reference(value)
+
+
+class Colour(enum.IntEnum):
+    RED = 1
+
+
+class Label(str):
+    pass
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"big": 2**70, "neg": -(2**64)},  # beyond 64 bits: orjson refuses, json writes them
+        {"f": [1e16, 1.5e-7, -0.0, 0.1]},  # floats: orjson writes 1e16 where json writes 1e+16
+        ("a", 1, None),  # a tuple
+        {"c": Colour.RED, "l": Label("x")},  # subclasses of int and str
+        {"ctl": "\x00\x1f\x7f\u2028\U0001f600"},
+    ],
+)
+def test_values_orjson_would_write_differently_still_get_the_standard_librarys_bytes(value: Any) -> None:
+    assert canonical_json(value) == _reference(value)
+
+
+def test_plain_values_are_written_without_the_standard_librarys_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is the path: a state of dicts, lists, strings, integers and booleans."""
+
+    class Refusing(json.JSONEncoder):
+        def encode(self, o: Any) -> str:
+            raise AssertionError("the standard library's encoder ran")
+
+    monkeypatch.setattr(jsonpatch, "_ENCODER", Refusing())
+    state = {"messages": [{"role": "assistant", "content": "Lisbon, ünd 東京\n"}], "step": 7, "ok": True, "x": None}
+    assert canonical_json(state) == _reference(state)
+    assert canonical_size(state) == len(_reference(state))
+    with pytest.raises(AssertionError, match="standard library"):
+        canonical_json({"price": 1.5})
+
+
+def test_values_json_cannot_represent_fail_as_before() -> None:
+    cycle: list[Any] = []
+    cycle.append(cycle)
+    with pytest.raises(ValueError, match="Circular reference"):
+        canonical_json(cycle)
+    with pytest.raises(UnicodeEncodeError):
+        canonical_json({"s": "\ud800"})
+    with pytest.raises(TypeError):
+        canonical_json({"id": uuid.UUID(int=1)})  # orjson would write a UUID; JSON has none
+    with pytest.raises(ValueError):
+        canonical_json([math.nan])  # orjson would write null
 
 
 @pytest.mark.parametrize(

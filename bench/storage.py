@@ -44,7 +44,7 @@ READS = 21
 
 
 def attachment(rng: random.Random) -> str:
-    """2 MB of base64 text from random bytes: nothing for zlib to squeeze."""
+    """2 MB of base64 text from random bytes: nothing for compression to squeeze."""
     return base64.b64encode(rng.randbytes(ATTACHMENT_BYTES * 3 // 4)).decode()
 
 

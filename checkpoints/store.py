@@ -892,7 +892,7 @@ def payload_ad(checkpoint_id: UUID) -> bytes:
 
 def encode_payload(*, thread_id: UUID, checkpoint_id: UUID, value: Any) -> bytes:
     """A payload as stored: `value` (a full state or RFC 6902 ops) as canonical JSON with its
-    large values offloaded to blob storage, framed (zlib when it pays) and sealed under the
+    large values offloaded to blob storage, framed (zstd when it pays) and sealed under the
     thread's data key, bound to the checkpoint's row.
 
     The inverse of decode_payload; the store's writes and compaction both go through it.

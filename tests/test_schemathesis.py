@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
+from agents.api import MAX_WAIT_SECONDS
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.models import RunReason
 from agents.runs import enqueue_run
@@ -62,6 +63,9 @@ def test_generated_requests_get_no_5xx_and_answers_match_the_schema(case: Any, w
     response = case.call_and_validate(
         headers={"Authorization": f"Bearer {world['key']}"},
         checks=[not_a_server_error, response_schema_conformance, content_type_conformance],
+        # A generated claim may long-poll for up to MAX_WAIT_SECONDS: wait longer than that for
+        # its answer (the client's default of 10 s failed a valid `{"wait": 10.0}` at 10.0x s).
+        timeout=MAX_WAIT_SECONDS + 15,
     )
     if response.status_code >= 400:
         assert_error_format(response.json())

@@ -27,8 +27,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
-
 # Run as a script, bench/ heads sys.path and bench/langgraph.py would shadow the real
 # `langgraph` package: drop that folder and put the project root there instead.
 _HERE = Path(__file__).resolve().parent
@@ -45,6 +43,7 @@ from bench.peers import (  # noqa: E402
     run_floor,
     run_langgraph,
     server_settings,
+    settle,
 )
 from bench.quicksave_runs import run_quicksave  # noqa: E402
 
@@ -60,15 +59,6 @@ CONTENDERS: tuple[tuple[str, Runner], ...] = (
     ("quicksave", run_quicksave),
     ("langgraph", lambda steps: [run_langgraph(steps)]),
 )
-
-
-def settle() -> None:
-    """Flush dirty pages before a contender, so none pays for the previous one's writes."""
-    try:
-        with psycopg.connect(bench_conninfo(), autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
-    except psycopg.Error as exc:  # CHECKPOINT needs a superuser or pg_checkpoint
-        print(f"[note] could not CHECKPOINT between contenders: {exc}", flush=True)
 
 
 def parse_sizes(values: Sequence[str] | None) -> list[int]:

@@ -70,6 +70,7 @@ from bench.peers import (  # noqa: E402
     quiet_langchain_warnings,
     relation_bytes,
     server_settings,
+    settle,
     window_cps,
     workload,
 )
@@ -102,15 +103,6 @@ class SaverRun:
     @property
     def bytes_per_cp(self) -> float:
         return self.total_bytes / self.steps
-
-
-def settle() -> None:
-    """Flush dirty pages before a run, so neither saver pays for the other's writes."""
-    try:
-        with psycopg.connect(bench_conninfo(), autocommit=True) as conn:
-            conn.execute("CHECKPOINT")
-    except psycopg.Error as exc:  # CHECKPOINT needs a superuser or pg_checkpoint
-        print(f"[note] could not CHECKPOINT before a run: {exc}", flush=True)
 
 
 def _invoke_kwargs(durability: str | None) -> dict[str, Any]:

@@ -338,6 +338,16 @@ def ensure_bench_database() -> str:
     return bench_conninfo()
 
 
+def settle() -> None:
+    """Flush dirty pages before a run, so no contender pays for the writes of the one before
+    (a 1,000-step LangGraph or full-state run leaves hundreds of MiB of WAL and dirty pages)."""
+    try:
+        with psycopg.connect(bench_conninfo(), autocommit=True) as conn:
+            conn.execute("CHECKPOINT")
+    except psycopg.Error as exc:  # CHECKPOINT needs a superuser or pg_checkpoint
+        print(f"[note] could not CHECKPOINT before a run: {exc}", flush=True)
+
+
 def relation_bytes(conn: psycopg.Connection[Any], tables: Sequence[str]) -> dict[str, int]:
     """``pg_total_relation_size`` (heap + TOAST + indexes) of each table."""
     sizes: dict[str, int] = {}

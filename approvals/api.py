@@ -10,7 +10,6 @@ from django.http import Http404
 from drf_spectacular.utils import extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import PermissionDenied, ValidationError
-from rest_framework.pagination import CursorPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -27,6 +26,7 @@ from approvals.serializers import (
 )
 from checkpoints.access import check_can_write, get_thread_for, visible_threads
 from checkpoints.models import Checkpoint
+from quicksave.api import CursorPage
 
 
 def visible_approvals(principal: Any) -> Any:
@@ -42,14 +42,8 @@ def get_approval_for(principal: Any, approval_id: Any) -> ApprovalRequest:
     return approval
 
 
-class ApprovalPagination(CursorPagination):
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "limit"
+class ApprovalPagination(CursorPage):
     ordering = ("created_at", "id")
-
-    def get_paginated_response(self, data: Any) -> Response:
-        return Response({"results": data, "next": self.get_next_link()})
 
 
 class ThreadApprovalsView(APIView):

@@ -12,7 +12,6 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
 from rest_framework import serializers, status
 from rest_framework.exceptions import NotFound, PermissionDenied, ValidationError
-from rest_framework.pagination import CursorPagination
 from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -53,6 +52,7 @@ from checkpoints.serializers import (
     parse_checkpoint_body,
 )
 from checkpoints.tools import get_tool_result, put_tool_result
+from quicksave.api import CursorPage
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:
@@ -64,14 +64,8 @@ def _query(serializer_class: type, request: Request) -> dict[str, Any]:
     return dict(serializer.validated_data)
 
 
-class ThreadPagination(CursorPagination):
-    page_size = 50
-    max_page_size = 200
-    page_size_query_param = "limit"
+class ThreadPagination(CursorPage):
     ordering = ("-updated_at", "-id")
-
-    def get_paginated_response(self, data: Any) -> Response:
-        return Response({"results": data, "next": self.get_next_link()})
 
 
 class ThreadListView(APIView):

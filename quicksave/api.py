@@ -15,6 +15,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
+from rest_framework.pagination import CursorPagination
 from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -112,6 +113,29 @@ class StrictSerializer(serializers.Serializer[Any]):
                     {unknown[0]: f"is not a field here; the fields are {', '.join(self.fields)}."}
                 )
         return attrs
+
+
+class CursorPage(CursorPagination):
+    """Cursor pagination as every list in API v1 answers it: `{"results": [...], "next": url}`,
+    `limit` from 1 to `max_page_size` (DRF would quietly ignore `limit=abc` or `limit=0`)."""
+
+    page_size = 50
+    max_page_size = 200
+    page_size_query_param = "limit"
+
+    def get_page_size(self, request: Any) -> int:
+        raw = request.query_params.get(self.page_size_query_param)
+        if raw is None:
+            return self.page_size
+        field = serializers.IntegerField(min_value=1, max_value=self.max_page_size)
+        try:
+            value: int = field.run_validation(raw)
+        except exceptions.ValidationError as exc:
+            raise exceptions.ValidationError({self.page_size_query_param: exc.detail}) from None
+        return value
+
+    def get_paginated_response(self, data: Any) -> Response:
+        return Response({"results": data, "next": self.get_next_link()})
 
 
 class PayloadTooLarge(exceptions.APIException):

@@ -181,6 +181,12 @@ def test_inbox_lists_pending_oldest_first_filtered_by_agent(
     assert [item["id"] for item in listed["results"]] == [suspended["id"]]
     assert api_as(reviewer).get("/api/v1/approvals/?agent=code-review").json()["results"] == []
     assert api_as(reviewer).get("/api/v1/approvals/?status=nope").status_code == 400
+    assert [item["id"] for item in api_as(reviewer).get("/api/v1/approvals/?limit=1").json()["results"]] == [
+        suspended["id"]
+    ]
+    refused = api_as(reviewer).get("/api/v1/approvals/?limit=500")
+    assert refused.status_code == 400
+    assert refused.json()["error"]["detail"]["fields"]["limit"] == ["Ensure this value is less than or equal to 200."]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -126,8 +126,11 @@ def test_thread_list_filters_and_paginates(owner_client: APIClient, viewer_clien
 
 @pytest.mark.parametrize(
     ("query", "field"),
-    [("status=sleeping", "status"), ("step=minus", "step"), ("since=yesterday", "since"), ("q=nocolon", "q")],
-)
+    [
+        ("status=sleeping", "status"), ("step=minus", "step"), ("since=yesterday", "since"), ("q=nocolon", "q"),
+        ("limit=abc", "limit"), ("limit=0", "limit"), ("limit=201", "limit"), ("limit=2.5", "limit"),
+    ],
+)  # fmt: skip
 def test_thread_list_rejects_malformed_filters(owner_client: APIClient, query: str, field: str) -> None:
     error = assert_error(owner_client.get(f"/api/v1/threads/?{query}"), 400, "invalid")
     assert field in error["message"]

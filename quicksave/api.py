@@ -15,7 +15,7 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
-from rest_framework.pagination import CursorPagination
+from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -117,7 +117,8 @@ class StrictSerializer(serializers.Serializer[Any]):
 
 class CursorPage(CursorPagination):
     """Cursor pagination as every list in API v1 answers it: `{"results": [...], "next": url}`,
-    `limit` from 1 to `max_page_size` (DRF would quietly ignore `limit=abc` or `limit=0`)."""
+    `limit` from 1 to `max_page_size`, and a bad `limit` or `cursor` a 400 naming it (DRF
+    quietly ignores `limit=abc` or `limit=0` and answers an undecodable cursor with a 404)."""
 
     page_size = 50
     max_page_size = 200
@@ -133,6 +134,14 @@ class CursorPage(CursorPagination):
         except exceptions.ValidationError as exc:
             raise exceptions.ValidationError({self.page_size_query_param: exc.detail}) from None
         return value
+
+    def decode_cursor(self, request: Any) -> Cursor | None:
+        try:
+            return super().decode_cursor(request)
+        except exceptions.NotFound:
+            raise exceptions.ValidationError(
+                {self.cursor_query_param: ["Not a cursor this list handed out: follow `next` or leave it out."]}
+            ) from None
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"results": data, "next": self.get_next_link()})

@@ -201,6 +201,8 @@ def test_out_of_range_query_values_are_a_400(
 @pytest.mark.parametrize(
     ("path", "query", "field"),
     [(THREADS, "step=99999999999999999999999", "step"), (THREADS, "q=a:%00", "q"), (THREADS, "cursor=%00", "cursor"),
+     (THREADS, "cursor=abc", "cursor"),
+     ("/api/v1/approvals/", "cursor=abc", "cursor"),
      ("/api/v1/approvals/", "agent=%00", "agent")],
 )  # fmt: skip
 def test_hostile_list_filters_are_a_400(owner_client: APIClient, path: str, query: str, field: str) -> None:

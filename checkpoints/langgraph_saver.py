@@ -477,11 +477,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         else:
             previous = (known.lg_id, known.row) if known is not None and known.lg_id == lg_parent else None
             self._known.remember(*key, _known(thread, lg_id, row, values, previous))
-        if self._unfiled:
-            with self._unfiled_lock:
-                unfiled = self._unfiled.pop((thread.pk, lg_id), [])
-            for task_id, writes in unfiled:
-                self._interrupted(thread, lg_id, task_id, writes)
+        # Under the lock, always: a put_writes() that looked for this row just before it committed
+        # may be noting its interrupts right now, and must either be seen here or see the row.
+        with self._unfiled_lock:
+            unfiled = self._unfiled.pop((thread.pk, lg_id), [])
+        for task_id, writes in unfiled:
+            self._interrupted(thread, lg_id, task_id, writes)
         return _config(thread_id, checkpoint_ns, lg_id)
 
     def _put_state(

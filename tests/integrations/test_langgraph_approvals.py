@@ -3,6 +3,8 @@ graph through the worker with `Command(resume=...)`, and its next checkpoints la
 
 from __future__ import annotations
 
+import threading
+import time
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
@@ -21,6 +23,7 @@ from langgraph.types import Interrupt
 from agents.models import RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
+from checkpoints import langgraph_saver, store
 from checkpoints.langgraph_saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from tests.conftest import person
@@ -322,5 +325,48 @@ def test_an_interrupt_saved_before_its_checkpoint_is_filed_when_the_checkpoint_l
     saver.put(config, checkpoint, {"source": "loop", "step": 0, "parents": {}}, {})
 
     approval = pending(quicksave_thread(graphs.ASK, "early-writes"))
+    assert (approval.action, approval.args) == ("deploy", {"env": "prod"})
+    assert approval.checkpoint.metadata["lg_id"] == checkpoint["id"]
+
+
+def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # put_writes() looks for the checkpoint's row just before put() commits it, and notes the
+    # interrupt for put() to file a moment after put() has looked for notes: it must not be lost.
+    saver = QuicksaveSaver(agent=graphs.ASK)
+    config: RunnableConfig = {"configurable": {"thread_id": "racing-writes", "checkpoint_ns": ""}}
+    first = empty_checkpoint()
+    saver.put(config, first, {"source": "input", "step": -1, "parents": {}}, {})
+    after_first: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": first["id"]}}
+    checkpoint = empty_checkpoint()
+    at: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
+    looked, committed = threading.Event(), threading.Event()
+    real_row_of, real_append = langgraph_saver._row_of, store.append_checkpoint
+    intercepted: list[bool] = []
+
+    def row_of(thread: Thread, lg_id: str) -> Any:
+        found = real_row_of(thread, lg_id)
+        if lg_id == checkpoint["id"] and not intercepted:
+            intercepted.append(found is None)
+            looked.set()
+            committed.wait(10)
+            time.sleep(0.3)  # put() goes on meanwhile
+        return found
+
+    def append_checkpoint(**kwargs: Any) -> Checkpoint:
+        looked.wait(10)
+        written = real_append(**kwargs)
+        committed.set()
+        return written
+
+    monkeypatch.setattr(langgraph_saver, "_row_of", row_of)
+    monkeypatch.setattr(store, "append_checkpoint", append_checkpoint)
+    interrupt = (Interrupt(value={"action": "deploy", "args": {"env": "prod"}}, id="1" * 32),)
+    writer = threading.Thread(target=saver.put_writes, args=(at, [(INTERRUPT, interrupt)], "task-1"))
+    writer.start()
+    saver.put(after_first, checkpoint, {"source": "loop", "step": 0, "parents": {}}, {})
+    writer.join(20)
+
+    assert intercepted == [True]  # put_writes() did look before the row was there
+    approval = pending(quicksave_thread(graphs.ASK, "racing-writes"))
     assert (approval.action, approval.args) == ("deploy", {"env": "prod"})
     assert approval.checkpoint.metadata["lg_id"] == checkpoint["id"]

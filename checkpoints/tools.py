@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import psycopg
 from django.db import connection
 from django.utils import timezone
 
@@ -40,6 +41,16 @@ def put_tool_result(
     return stored, created
 
 
+# One statement for any number of results, so it is prepared once per connection.
+_PUT_SQL = """
+INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at)
+SELECT %(thread)s::uuid, key, %(tool)s::text, result, %(checkpoint)s::uuid, %(created_at)s::timestamptz
+FROM unnest(%(keys)s::text[], %(results)s::bytea[]) AS given(key, result)
+ON CONFLICT (thread_id, key) DO NOTHING
+RETURNING id, key
+"""
+
+
 def put_tool_results(
     *, thread: Thread, results: Sequence[tuple[str, Any]], tool: str = "", checkpoint: Checkpoint | UUID | None = None
 ) -> list[tuple[ToolResult, bool]]:
@@ -61,16 +72,15 @@ def put_tool_results(
     # The clock now, not now(): that is when the transaction began, which would date a
     # result before checkpoints written earlier in it.
     created_at = timezone.now()
-    values = ", ".join(["(%s, %s, %s, %s, %s, %s)"] * len(rows))
-    params: list[Any] = []
-    for key, sealed, _ in rows:
-        params += [thread.pk, key, tool[:200], sealed, checkpoint_id, created_at]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at) "
-            f"VALUES {values} ON CONFLICT (thread_id, key) DO NOTHING RETURNING id, key",
-            params,
-        )
+    params = {
+        "thread": thread.pk, "keys": [key for key, _, _ in rows], "tool": tool[:200],
+        "results": [sealed for _, sealed, _ in rows], "checkpoint": checkpoint_id, "created_at": created_at,
+    }  # fmt: skip
+    connection.ensure_connection()
+    # Django's cursors bind parameters client-side, so the server would parse and plan the insert
+    # on every call; LangGraph's pending writes make a few of these per step.
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_PUT_SQL, params, prepare=True)
         inserted = {key: row_id for row_id, key in cursor.fetchall()}
     missing = [key for key, *_ in rows if key not in inserted]
     existing = (

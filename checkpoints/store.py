@@ -34,6 +34,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb, JsonbBinaryLoader
+from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from agents.models import Agent
 from checkpoints import blobs, codec, crypto, hotcache, live
@@ -429,6 +430,11 @@ def _append_cursor() -> psycopg.Cursor[Any]:
     cursor = _append_cursors.get(conn)
     if cursor is None or cursor.closed:
         cursor = _append_cursors[conn] = psycopg.Cursor(conn)
+        # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
+        # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
+        # thread's growing sizes do not prepare the append again each time they cross a boundary.
+        cursor.adapters.register_dumper(int, Int8Dumper)
+        cursor.adapters.register_dumper(int, Int8BinaryDumper)
     return cursor
 
 

@@ -366,3 +366,24 @@ def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agen
         cursor.execute("DELETE FROM checkpoints_thread WHERE id = %s", [thread.pk])
     with pytest.raises(NotFound, match="no longer exists"):
         store.append_checkpoint(thread=thread, parent=None, state={"b": 2})
+
+
+def test_an_append_is_prepared_once_however_large_its_numbers_grow(thread: Thread) -> None:
+    # psycopg would send each int as int2, int4 or int8 by its value, and every new combination
+    # of types would be another statement to prepare: sizes and seqs cross those bounds as a
+    # thread grows.
+    parent = store.append_checkpoint(thread=thread, parent=None, state={"log": []}, step=0)
+    for step, size in enumerate((10, 200, 40_000, 70_000, 3_000), start=1):
+        parent = store.append_checkpoint(
+            thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * size}], step=step
+        )
+    store.append_checkpoint(thread=thread, parent=parent, patch=[], step=2**31 - 1, model={"seed": 2**62})
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s", ["%INTO checkpoints_checkpoint%"]
+        )
+        (prepared,) = cursor.fetchone()
+    # The first checkpoint has no parent (a null uuid and MAC), the last a seed: three shapes of
+    # parameters, each prepared once.
+    assert prepared == 3

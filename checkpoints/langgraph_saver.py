@@ -92,7 +92,7 @@ from checkpoints.errors import InvalidPatch, NotFound, StaleParent
 from checkpoints.ids import new_id
 from checkpoints.jsonpatch import format_pointer, make_patch
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
-from checkpoints.tools import put_tool_result, put_tool_results
+from checkpoints.tools import add_tool_results, put_tool_result
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -682,7 +682,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 "channel": channel, "value": encoded,
             }))  # fmt: skip
         # One statement, so one commit, however many writes the task made.
-        put_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row)
+        add_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row)
 
     def _interrupted(self, thread: Thread, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]) -> None:
         """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved

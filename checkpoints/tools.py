@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -41,14 +42,27 @@ def put_tool_result(
     return stored, created
 
 
-# One statement for any number of results, so it is prepared once per connection.
+# One statement for any number of results, so it is prepared once per connection. The sealed
+# results go in binary: as text, psycopg would escape every byte of them into an array literal.
 _PUT_SQL = """
 INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at)
 SELECT %(thread)s::uuid, key, %(tool)s::text, result, %(checkpoint)s::uuid, %(created_at)s::timestamptz
-FROM unnest(%(keys)s::text[], %(results)s::bytea[]) AS given(key, result)
+FROM unnest(%(keys)s::text[], %(results)b::bytea[]) AS given(key, result)
 ON CONFLICT (thread_id, key) DO NOTHING
 RETURNING id, key
 """
+
+
+class _Sealed(NamedTuple):
+    key: str
+    sealed: bytes
+    canonical: bytes
+
+
+class _Written(NamedTuple):
+    inserted: dict[str, int]  # the id of each key this put inserted
+    created_at: datetime
+    checkpoint_id: UUID | None
 
 
 def put_tool_results(
@@ -56,7 +70,36 @@ def put_tool_results(
 ) -> list[tuple[ToolResult, bool]]:
     """`put_tool_result` for several (key, result) pairs of one tool in one statement: all are
     checked before any is written, and each key keeps its first result."""
-    rows: list[tuple[str, bytes, Any]] = []
+    rows = _sealed(thread, results)
+    written = _write(thread, rows, tool=tool, checkpoint=checkpoint)
+    missing = [row.key for row in rows if row.key not in written.inserted]
+    existing = (
+        {found.key: found for found in ToolResult.objects.filter(thread=thread, key__in=missing)} if missing else {}
+    )
+    stored: list[tuple[ToolResult, bool]] = []
+    for row in rows:
+        if row.key not in written.inserted:  # the key was there: the first result stands
+            stored.append((existing[row.key], False))
+            continue
+        fresh = ToolResult(
+            id=written.inserted[row.key], thread_id=thread.pk, key=row.key, tool=tool[:200],
+            result=codec.loads(row.canonical), checkpoint_id=written.checkpoint_id, created_at=written.created_at,
+        )  # fmt: skip
+        stored.append((fresh, True))
+    return stored
+
+
+def add_tool_results(
+    *, thread: Thread, results: Sequence[tuple[str, Any]], tool: str = "", checkpoint: Checkpoint | UUID | None = None
+) -> int:
+    """`put_tool_results` for a caller that does not read the stored rows back (LangGraph's
+    pending writes, two puts a step): how many keys were new."""
+    return len(_write(thread, _sealed(thread, results), tool=tool, checkpoint=checkpoint).inserted)
+
+
+def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]:
+    """Each result checked, as canonical JSON and as stored (framed and sealed, bound to its key)."""
+    rows: list[_Sealed] = []
     for key, result in results:
         if not key or len(key) > MAX_KEY_LENGTH:
             raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
@@ -65,38 +108,28 @@ def put_tool_results(
             codec.check_depth(result)
         except codec.EncodingError as exc:
             raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
-        rows.append((key, crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)), canonical))
-    if not rows:
-        return []
+        rows.append(_Sealed(key, crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)), canonical))
+    return rows
+
+
+def _write(thread: Thread, rows: list[_Sealed], *, tool: str, checkpoint: Checkpoint | UUID | None) -> _Written:
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
     # The clock now, not now(): that is when the transaction began, which would date a
     # result before checkpoints written earlier in it.
     created_at = timezone.now()
+    if not rows:
+        return _Written({}, created_at, checkpoint_id)
     params = {
-        "thread": thread.pk, "keys": [key for key, _, _ in rows], "tool": tool[:200],
-        "results": [sealed for _, sealed, _ in rows], "checkpoint": checkpoint_id, "created_at": created_at,
+        "thread": thread.pk, "keys": [row.key for row in rows], "tool": tool[:200],
+        "results": [row.sealed for row in rows], "checkpoint": checkpoint_id, "created_at": created_at,
     }  # fmt: skip
     connection.ensure_connection()
     # Django's cursors bind parameters client-side, so the server would parse and plan the insert
-    # on every call; LangGraph's pending writes make a few of these per step.
+    # on every call.
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(_PUT_SQL, params, prepare=True)
         inserted = {key: row_id for row_id, key in cursor.fetchall()}
-    missing = [key for key, *_ in rows if key not in inserted]
-    existing = (
-        {found.key: found for found in ToolResult.objects.filter(thread=thread, key__in=missing)} if missing else {}
-    )
-    stored: list[tuple[ToolResult, bool]] = []
-    for key, _, canonical in rows:
-        if key not in inserted:  # the key was there: the first result stands
-            stored.append((existing[key], False))
-            continue
-        fresh = ToolResult(
-            id=inserted[key], thread_id=thread.pk, key=key, tool=tool[:200], result=codec.loads(canonical),
-            checkpoint_id=checkpoint_id, created_at=created_at,
-        )  # fmt: skip
-        stored.append((fresh, True))
-    return stored
+    return _Written(inserted, created_at, checkpoint_id)
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:

@@ -9,7 +9,7 @@ from agents.models import Agent
 from checkpoints import store
 from checkpoints.errors import InvalidState
 from checkpoints.models import ToolResult
-from checkpoints.tools import get_tool_result, put_tool_result, put_tool_results
+from checkpoints.tools import add_tool_results, get_tool_result, put_tool_result, put_tool_results
 
 pytestmark = pytest.mark.django_db
 
@@ -56,3 +56,16 @@ def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
     assert {row.key: row.result for row in ToolResult.objects.filter(thread=thread)} == {
         "one": {"n": 1}, "two": 2, "three": [3], "four": {"n": 4}, "five": None,
     }  # fmt: skip
+
+
+def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_ones(agent: Agent) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    put_tool_result(thread=thread, key="w:1", result={"v": 1}, tool="write")
+
+    added = add_tool_results(thread=thread, tool="write", results=[("w:1", {"v": 99}), ("w:2", b"x".hex())])
+
+    assert added == 1
+    assert {row.key: row.result for row in ToolResult.objects.filter(thread=thread)} == {"w:1": {"v": 1}, "w:2": "78"}
+    with pytest.raises(InvalidState, match="result"):
+        add_tool_results(thread=thread, results=[("w:3", {"a": float("inf")})])
+    assert not ToolResult.objects.filter(thread=thread, key="w:3").exists()

@@ -10,8 +10,11 @@ import pytest
 
 pytest.importorskip("langgraph")
 
+from django.db import connection, transaction
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.checkpoint.base.id import uuid6
 from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -297,3 +300,34 @@ def test_a_read_after_a_put_gives_what_was_stored_even_if_the_list_was_changed_s
     changed = saver.get_tuple(config)
     assert changed is not None
     assert changed.checkpoint["channel_values"]["messages"] == [user("one"), user("two")]
+
+
+def test_reading_the_newest_checkpoint_does_not_read_the_threads_older_writes() -> None:
+    # The read joins a checkpoint's pending writes; a plan made while the thread was young
+    # (PostgreSQL's cached generic plan) found them by thread alone, reading every write the
+    # thread had made, so each read grew with the thread.
+    with connection.cursor() as cursor:  # the statistics of a new installation: empty tables
+        cursor.execute("ANALYZE checkpoints_thread, checkpoints_checkpoint, checkpoints_toolresult")
+    saver = QuicksaveSaver(agent="reads")
+    newest: RunnableConfig = {"configurable": {"thread_id": "long", "checkpoint_ns": ""}}
+    config, checkpoint = newest, empty_checkpoint()
+    for step in range(120):
+        at = saver.put(config, checkpoint, {"source": "loop", "step": step, "parents": {}}, {})
+        saver.put_writes(at, [("step", step), ("note", f"write {step}")], f"task-{step}")
+        assert saver.get_tuple(newest) is not None  # the reads that made the plan, then reused it
+        config, checkpoint = at, {**checkpoint, "id": str(uuid6(clock_seq=step + 1))}
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        counted = (
+            "SELECT pg_stat_get_xact_tuples_fetched('checkpoints_toolresult'::regclass)"
+            " + pg_stat_get_xact_tuples_returned('checkpoints_toolresult'::regclass)"
+        )
+        cursor.execute(counted)
+        (before,) = cursor.fetchone()
+        read = saver.get_tuple(newest)
+        cursor.execute(counted)
+        (after,) = cursor.fetchone()
+
+    assert read is not None and read.pending_writes is not None
+    assert [write[1:] for write in read.pending_writes] == [("step", 119), ("note", "write 119")]
+    assert after - before <= 4, f"the read looked at {after - before} of the thread's 240 writes"

@@ -32,7 +32,7 @@ Mapping:
   no parent in a thread that already has checkpoints starts a new root branch.
 
 Pending writes are stored as rows of the tool-result cache (`ToolResult`), written through
-`tools.put_tool_result`. That is what they are: the outputs of tasks that finished in a
+`tools.add_tool_results`. That is what they are: the outputs of tasks that finished in a
 superstep, kept so a resumed graph does not run those tasks again. Each row points at its
 Quicksave checkpoint and is keyed by a hash of (LangGraph checkpoint id, task id, write
 index), which makes `put_writes` idempotent as LangGraph requires. LangGraph's special writes

@@ -59,31 +59,29 @@ class _Sealed(NamedTuple):
     canonical: bytes
 
 
-class _Written(NamedTuple):
-    inserted: dict[str, int]  # the id of each key this put inserted
-    created_at: datetime
-    checkpoint_id: UUID | None
-
-
 def put_tool_results(
     *, thread: Thread, results: Sequence[tuple[str, Any]], tool: str = "", checkpoint: Checkpoint | UUID | None = None
 ) -> list[tuple[ToolResult, bool]]:
     """`put_tool_result` for several (key, result) pairs of one tool in one statement: all are
     checked before any is written, and each key keeps its first result."""
     rows = _sealed(thread, results)
-    written = _write(thread, rows, tool=tool, checkpoint=checkpoint)
-    missing = [row.key for row in rows if row.key not in written.inserted]
+    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    # The clock now, not now(): that is when the transaction began, which would date a
+    # result before checkpoints written earlier in it.
+    created_at = timezone.now()
+    inserted = _write(thread, rows, tool=tool, checkpoint_id=checkpoint_id, created_at=created_at)
+    missing = [row.key for row in rows if row.key not in inserted]
     existing = (
         {found.key: found for found in ToolResult.objects.filter(thread=thread, key__in=missing)} if missing else {}
     )
     stored: list[tuple[ToolResult, bool]] = []
     for row in rows:
-        if row.key not in written.inserted:  # the key was there: the first result stands
+        if row.key not in inserted:  # the key was there: the first result stands
             stored.append((existing[row.key], False))
             continue
         fresh = ToolResult(
-            id=written.inserted[row.key], thread_id=thread.pk, key=row.key, tool=tool[:200],
-            result=codec.loads(row.canonical), checkpoint_id=written.checkpoint_id, created_at=written.created_at,
+            id=inserted[row.key], thread_id=thread.pk, key=row.key, tool=tool[:200],
+            result=codec.loads(row.canonical), checkpoint_id=checkpoint_id, created_at=created_at,
         )  # fmt: skip
         stored.append((fresh, True))
     return stored
@@ -94,7 +92,9 @@ def add_tool_results(
 ) -> int:
     """`put_tool_results` for a caller that does not read the stored rows back (LangGraph's
     pending writes, two puts a step): how many keys were new."""
-    return len(_write(thread, _sealed(thread, results), tool=tool, checkpoint=checkpoint).inserted)
+    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    rows = _sealed(thread, results)
+    return len(_write(thread, rows, tool=tool, checkpoint_id=checkpoint_id, created_at=timezone.now()))
 
 
 def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]:
@@ -112,13 +112,12 @@ def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]
     return rows
 
 
-def _write(thread: Thread, rows: list[_Sealed], *, tool: str, checkpoint: Checkpoint | UUID | None) -> _Written:
-    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
-    # The clock now, not now(): that is when the transaction began, which would date a
-    # result before checkpoints written earlier in it.
-    created_at = timezone.now()
+def _write(
+    thread: Thread, rows: list[_Sealed], *, tool: str, checkpoint_id: UUID | None, created_at: datetime
+) -> dict[str, int]:
+    """Insert the rows whose keys are new; the id of each one inserted, by key."""
     if not rows:
-        return _Written({}, created_at, checkpoint_id)
+        return {}
     params = {
         "thread": thread.pk, "keys": [row.key for row in rows], "tool": tool[:200],
         "results": [row.sealed for row in rows], "checkpoint": checkpoint_id, "created_at": created_at,
@@ -128,8 +127,7 @@ def _write(thread: Thread, rows: list[_Sealed], *, tool: str, checkpoint: Checkp
     # on every call.
     with psycopg.Cursor(connection.connection) as cursor:
         cursor.execute(_PUT_SQL, params, prepare=True)
-        inserted = {key: row_id for row_id, key in cursor.fetchall()}
-    return _Written(inserted, created_at, checkpoint_id)
+        return {key: row_id for row_id, key in cursor.fetchall()}
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:

@@ -18,13 +18,14 @@ replay of deltas. A writer still learns the branch head from the database.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hmac
 import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 from uuid import UUID
@@ -37,7 +38,7 @@ from psycopg.types.json import Jsonb, JsonbBinaryLoader
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from agents.models import Agent
-from checkpoints import blobs, codec, crypto, hotcache, live
+from checkpoints import blobs, codec, crypto, hotcache, live, wire
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
 from checkpoints.fields import associated_data
 from checkpoints.ids import new_id
@@ -345,20 +346,26 @@ def append_checkpoint(
                     detail={"field": "tool_results", "index": index},
                 )
 
-        with transaction.atomic():
-            _insert(params, branch_name=branch_name)
-            for item in tool_results:
+    try:
+        with transaction.atomic() if tool_results else contextlib.nullcontext(), _appending(params) as written:
+            # Done while the server executes and commits the append (see checkpoints.wire). The
+            # new id is in no one else's hands yet, so caching its node first is safe; it is
+            # dropped again if the append turns out to have written nothing.
+            _cache.put(
+                Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
+                     state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
+                     integrity=integrity)
+            )  # fmt: skip
+            params["metadata"] = fields["metadata"]
+            checkpoint = Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
+            _confirm(params, written(), branch_name=branch_name)
+            for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
-    else:
-        _insert(params, branch_name=branch_name)
-
-    _cache.put(
-        Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
-             state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes, integrity=integrity)
-    )  # fmt: skip
-    params["metadata"] = fields["metadata"]
-    return Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
+    except BaseException:
+        _cache.drop(checkpoint_id)
+        raise
+    return checkpoint
 
 
 # One statement inserts the checkpoint, bumps the thread and logs the event, so a
@@ -372,11 +379,11 @@ WITH cp AS (
         id, thread_id, branch_id, parent_id, seq, step, label, status, source, model_name, model_version,
         temperature, top_p, seed, metadata, schema_version, kind, payload, chain_length, chain_bytes,
         state_bytes, integrity, created_at)
-    SELECT %(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::int,
-        %(step)s::int, %(label)s::text, %(status)s::text, %(source)s::text, %(model_name)s::text,
+    SELECT %(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::bigint,
+        %(step)s::bigint, %(label)s::text, %(status)s::text, %(source)s::text, %(model_name)s::text,
         %(model_version)s::text, %(temperature)s::float8, %(top_p)s::float8, %(seed)s::bigint,
-        %(metadata)s::jsonb, %(schema_version)s::int, %(kind)s::smallint, %(payload)s::bytea,
-        %(chain_length)s::int, %(chain_bytes)s::int, %(state_bytes)s::int, %(integrity)s::bytea,
+        %(metadata)s::jsonb, %(schema_version)s::bigint, %(kind)s::bigint, %(payload)s::bytea,
+        %(chain_length)s::bigint, %(chain_bytes)s::bigint, %(state_bytes)s::bigint, %(integrity)s::bytea,
         %(created_at)s::timestamptz
     -- The MAC this row chains from must still be its parent's: a parent rewritten by compaction
     -- since this process cached it makes the write retry from the stored row.
@@ -394,7 +401,7 @@ WITH cp AS (
         updated_at = CASE WHEN updated_at < %(created_at)s::timestamptz - interval '1 second'
                           THEN %(created_at)s::timestamptz ELSE updated_at END,
         head_id = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(id)s::uuid ELSE head_id END,
-        step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::int ELSE step END,
+        step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::bigint ELSE step END,
         status = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(status)s::text ELSE status END
     WHERE id = %(thread_id)s::uuid AND EXISTS (SELECT 1 FROM cp)
     RETURNING event_seq
@@ -416,16 +423,44 @@ _INSERT_FIELDS = (
 _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 
 
-# One cursor per database connection runs the append: psycopg keeps a cursor's adapters for
-# the statement it last ran, so the next append finds the dumpers of its 25 parameters
-# instead of looking each up again (a new cursor would, at about a tenth of an append's cost).
+_APPEND = wire.Statement.named("quicksave_append", _APPEND_SQL)
+
+
+@contextlib.contextmanager
+def _appending(params: dict[str, Any]) -> Iterator[Callable[[], int | None]]:
+    """Send the append and yield what reads its outcome: the event's seq, or None when the
+    statement wrote nothing (another write got there first, or the parent's MAC changed).
+
+    In autocommit the statement goes out before the block runs and commits on its own; in
+    a transaction (tool results, a caller's atomic block) psycopg's cursor runs it there.
+    """
+    connection.ensure_connection()
+    conn = connection.connection
+    try:
+        if conn.autocommit:
+            with _APPEND.sent(conn, params) as reply:
+                yield lambda: _seq(reply.rows())
+        else:
+            cursor = _append_cursor()
+            cursor.execute(_APPEND_SQL, params, prepare=True)
+            yield lambda: _seq(cursor.fetchall())
+    except psycopg.errors.ForeignKeyViolation:
+        # The branch (and so the thread) was deleted after this process cached it.
+        _forget_thread(params["thread_id"])
+        raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
+
+
+def _seq(rows: Sequence[tuple[Any, ...]]) -> int | None:
+    return int(rows[0][0]) if rows else None
+
+
+# A cursor per database connection runs the append inside a transaction: psycopg keeps a
+# cursor's adapters for the statement it last ran, so the next append finds the dumpers of
+# its parameters instead of looking each up again.
 _append_cursors: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
 
 
 def _append_cursor() -> psycopg.Cursor[Any]:
-    connection.ensure_connection()
-    # The psycopg connection is Django's own, so the statement joins any transaction.atomic
-    # block the caller is in. A connection serves one thread at a time, and so does its cursor.
     conn = connection.connection
     cursor = _append_cursors.get(conn)
     if cursor is None or cursor.closed:
@@ -438,19 +473,10 @@ def _append_cursor() -> psycopg.Cursor[Any]:
     return cursor
 
 
-def _insert(params: dict[str, Any], *, branch_name: str) -> None:
-    cursor = _append_cursor()
-    try:
-        # A server-side-bound, prepared statement (Django's own cursors bind client-side):
-        # planning this statement anew on every write would cost more than executing it.
-        cursor.execute(_APPEND_SQL, params, prepare=True)
-    except psycopg.errors.ForeignKeyViolation:
-        # The branch (and so the thread) was deleted after this process cached it.
-        _forget_thread(params["thread_id"])
-        raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
-    written = cursor.fetchone()
-    if written is not None:
-        live.publish_on_commit(thread_id=params["thread_id"], seq=written[0], type="checkpoint.created",
+def _confirm(params: dict[str, Any], event_seq: int | None, *, branch_name: str) -> None:
+    """Publish the append's event once it commits, or raise why the append wrote nothing."""
+    if event_seq is not None:
+        live.publish_on_commit(thread_id=params["thread_id"], seq=event_seq, type="checkpoint.created",
                                data=params["event"].obj)  # fmt: skip
         return
     head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])

@@ -1,0 +1,172 @@
+"""A statement prepared once per connection, sent through libpq and answered later.
+
+The store's append is its hot write, and psycopg's Cursor spends on it a good part of
+the append's CPU between the Python values and the wire (looking up dumpers, reordering
+named parameters, keeping its cache of prepared statements), then blocks until the
+server answers. `Statement` binds its parameters with psycopg's own dumpers, prepares
+itself once on each connection, and sends its bound execution, with the Sync that ends
+an autocommit transaction, in one write. The caller then does the rest of its work while
+the server executes and commits, and reads the answer when it needs it: `Statement.sent`
+is a context manager whose exit always reads it, so the connection is never left with
+an answer unread.
+
+Only for a connection in autocommit: inside a transaction psycopg would first have to
+send its BEGIN, which only its own cursors do.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import abc, errors, generators, pq
+from psycopg.adapt import AdaptersMap, PyFormat, Transformer
+from psycopg.types.numeric import Int8BinaryDumper
+
+Row = tuple[bytes | None, ...]
+# SQLSTATE invalid_sql_statement_name: the statement is not prepared on this connection.
+_UNKNOWN_STATEMENT = b"26000"
+
+
+class _Binding:
+    """The adaptation context of every Statement: psycopg's global dumpers, with every int as int8.
+
+    It names no connection, so a transformer made from it holds none.
+    """
+
+    connection = None
+
+    def __init__(self) -> None:
+        self.adapters = AdaptersMap(psycopg.adapters)
+        self.adapters.register_dumper(int, Int8BinaryDumper)
+
+
+_binding = _Binding()
+
+
+class Statement:
+    """One SQL statement with `$1`..`$n` placeholders for `names`, in that order.
+
+    Every placeholder must carry a cast to the type it stands for (`$1::uuid`): the
+    statement is prepared without parameter types, so the server takes them from the
+    casts, and the values go in psycopg's binary format for those types. Python ints
+    go as int8 whatever their size: cast them `::bigint`.
+    """
+
+    @classmethod
+    def named(cls, name: str, sql: str) -> Statement:
+        """The statement whose SQL names its parameters psycopg's way, `%(name)s`; each name
+        becomes one placeholder however often it appears."""
+        names: list[str] = []
+
+        def placeholder(match: re.Match[str]) -> str:
+            if match[1] not in names:
+                names.append(match[1])
+            return f"${names.index(match[1]) + 1}"
+
+        return cls(name, re.sub(r"%\((\w+)\)s", placeholder, sql), names)
+
+    def __init__(self, name: str, sql: str, names: Sequence[str]) -> None:
+        self._name = name.encode()
+        self._sql = sql.encode()
+        self._names = tuple(names)
+        self._formats = [PyFormat.BINARY] * len(self._names)
+        self._prepared_on: weakref.WeakSet[psycopg.Connection[Any]] = weakref.WeakSet()
+        # A transformer keeps the dumpers it found for each parameter, and the types and
+        # formats of the values it bound last: one per thread.
+        self._local = threading.local()
+
+    @contextmanager
+    def sent(self, conn: psycopg.Connection[Any], params: Mapping[str, Any]) -> Iterator[Reply]:
+        """Send the statement with `params` on `conn` (in autocommit) and yield its Reply,
+        which is read, if the caller did not read it, before the block ends.
+
+        The connection's lock is not held across the block, which may read the reply and
+        then run other queries; a query sent before the reply is read fails in libpq
+        ("another command is already in progress").
+        """
+        if not conn.autocommit:
+            raise psycopg.ProgrammingError("Statement.sent runs a statement of its own: use it in autocommit.")
+        transformer = self._transformer()
+        values = transformer.dump_sequence([params[name] for name in self._names], self._formats)
+        reply = Reply(self, conn, values, transformer.formats)
+        with conn.lock:
+            if conn not in self._prepared_on:
+                self._prepare(conn)
+            reply.send()
+        try:
+            yield reply
+        finally:
+            reply.wait()
+
+    def _transformer(self) -> abc.Transformer:
+        transformer: abc.Transformer | None = getattr(self._local, "transformer", None)
+        if transformer is None:
+            transformer = self._local.transformer = Transformer(_binding)
+        return transformer
+
+    def _prepare(self, conn: psycopg.Connection[Any]) -> None:
+        conn.pgconn.send_prepare(self._name, self._sql)
+        (result,) = conn.wait(generators.execute(conn.pgconn))
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            raise errors.error_from_result(result, encoding=conn.info.encoding)
+        self._prepared_on.add(conn)
+
+
+class Reply:
+    """The server's answer to one sent statement: its rows as text, read once."""
+
+    def __init__(
+        self,
+        statement: Statement,
+        conn: psycopg.Connection[Any],
+        values: Sequence[abc.Buffer | None],
+        formats: Sequence[pq.Format] | None,
+    ) -> None:
+        self._statement = statement
+        self._conn = conn
+        self._values = values
+        self._formats = formats
+        self._rows: list[Row] | None = None
+        self._error: psycopg.Error | None = None
+
+    def rows(self) -> list[Row]:
+        """The rows the statement returned; raises the server's error as psycopg's exception."""
+        self.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._rows is not None
+        return self._rows
+
+    def send(self) -> None:
+        self._conn.pgconn.send_query_prepared(self._statement._name, self._values, param_formats=self._formats)
+        self._conn.wait(generators.send(self._conn.pgconn))
+
+    def wait(self) -> None:
+        """Read the answer off the connection, if it has not been read yet."""
+        if self._rows is not None:
+            return
+        with self._conn.lock:
+            result = self._conn.wait(generators.fetch_many(self._conn.pgconn))[-1]
+            if (
+                result.status == pq.ExecStatus.FATAL_ERROR
+                and result.error_field(pq.DiagnosticField.SQLSTATE) == _UNKNOWN_STATEMENT
+            ):
+                # psycopg deallocates every prepared statement after a rollback: prepare this
+                # one again and send it again (it never ran: the server refused its name).
+                self._statement._prepared_on.discard(self._conn)
+                self._statement._prepare(self._conn)
+                self.send()
+                result = self._conn.wait(generators.fetch_many(self._conn.pgconn))[-1]
+        if result.status == pq.ExecStatus.FATAL_ERROR:
+            self._error = errors.error_from_result(result, encoding=self._conn.info.encoding)
+            self._rows = []
+            return
+        self._rows = [
+            tuple(result.get_value(row, column) for column in range(result.nfields)) for row in range(result.ntuples)
+        ]

@@ -1,0 +1,79 @@
+"""checkpoints.wire: a prepared statement sent before its caller's work and answered after it,
+and the store's append in autocommit, which goes through it."""
+
+from __future__ import annotations
+
+import psycopg
+import pytest
+from django.db import connection, transaction
+
+from agents.models import Agent
+from checkpoints import store, wire
+from checkpoints.errors import StaleParent
+from checkpoints.models import Checkpoint, Event
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def psycopg_connection() -> psycopg.Connection:
+    connection.ensure_connection()
+    conn = connection.connection
+    assert conn.autocommit  # outside any atomic block: the append's own path
+    return conn
+
+
+def test_a_named_parameter_used_twice_is_one_placeholder() -> None:
+    statement = wire.Statement.named("test_wire_named", "SELECT %(a)s::bigint + %(b)s::bigint * %(a)s::bigint")
+    with statement.sent(psycopg_connection(), {"a": 3, "b": 5}) as reply:
+        assert reply.rows() == [(b"18",)]
+
+
+def test_an_unread_reply_is_read_before_the_block_ends_so_the_connection_stays_usable() -> None:
+    statement = wire.Statement.named("test_wire_unread", "SELECT %(n)s::bigint")
+    with statement.sent(psycopg_connection(), {"n": 7}):
+        pass
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchone() == (1,)
+
+
+def test_the_servers_error_is_raised_as_psycopgs_exception_when_the_reply_is_read() -> None:
+    statement = wire.Statement.named("test_wire_error", "SELECT 1 / %(n)s::bigint")
+    with statement.sent(psycopg_connection(), {"n": 0}) as reply, pytest.raises(psycopg.errors.DivisionByZero):
+        reply.rows()
+    with statement.sent(psycopg_connection(), {"n": 2}) as reply:
+        assert reply.rows() == [(b"0",)]
+
+
+def test_a_statement_refuses_a_connection_inside_a_transaction() -> None:
+    statement = wire.Statement.named("test_wire_atomic", "SELECT %(n)s::bigint")
+    with (
+        transaction.atomic(),
+        pytest.raises(psycopg.ProgrammingError, match="autocommit"),
+        statement.sent(connection.connection, {"n": 1}),
+    ):
+        pass
+
+
+def test_appends_go_on_after_the_connections_prepared_statements_are_deallocated(agent: Agent) -> None:
+    # psycopg sends DEALLOCATE ALL after a rollback once it has prepared statements of its own.
+    thread = store.create_thread(agent=agent)[0]
+    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    with connection.cursor() as cursor:
+        cursor.execute("DEALLOCATE ALL")
+    second = store.append_checkpoint(thread=thread, parent=first, patch=[{"op": "replace", "path": "/n", "value": 2}])
+    assert store.state_at(second.pk) == {"n": 2}
+    assert Event.objects.filter(thread=thread, type="checkpoint.created").count() == 2
+
+
+def test_a_stale_append_in_autocommit_names_the_head_and_leaves_nothing_behind(agent: Agent) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    head = store.append_checkpoint(thread=thread, parent=first, state={"n": 2})
+    cached = len(store._cache._nodes)
+    with pytest.raises(StaleParent) as raised:
+        store.append_checkpoint(thread=thread, parent=first, state={"n": 3})
+    assert raised.value.detail["head"] == str(head.pk)
+    assert Checkpoint.objects.filter(thread=thread).count() == 2
+    # The node cached while the server answered is dropped again.
+    assert len(store._cache._nodes) == cached

@@ -20,7 +20,7 @@ import orjson
 import zstandard
 from django.conf import settings
 
-from checkpoints.jsonpatch import canonical_json, json_depth
+from checkpoints.jsonpatch import canonical_json, is_plain, json_depth
 
 RAW = b"\x00"
 ZLIB = b"\x01"
@@ -166,6 +166,24 @@ def _mac_key(secret: str) -> bytes:
     return hashlib.sha256(b"quicksave-integrity:" + secret.encode()).digest()
 
 
+def _fields_json(fields: dict[str, Any]) -> bytes:
+    """A row's recorded fields as its MAC covers them: the standard library's sorted, compact,
+    ASCII-only JSON (`_FIELDS_ENCODER`).
+
+    orjson writes the very same bytes, several times faster, for plain values (no float, no
+    subclass) whose text is ASCII: the standard library escapes every other character and
+    DEL (0x7f), which orjson writes as they are. Anything else goes to the standard library.
+    """
+    try:
+        encoded = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        if encoded.isascii() and b"\x7f" not in encoded and is_plain(fields):
+            return encoded
+    return _FIELDS_ENCODER.encode(fields).encode()
+
+
 @lru_cache(maxsize=4)
 def _keyed_mac(secret: str) -> hmac.HMAC:
     """An HMAC-SHA256 already keyed for integrity MACs, to copy for each message: a copy skips
@@ -190,7 +208,7 @@ def integrity_mac(
     Cost is O(payload): a delta's MAC never touches the full state, yet any edit to
     a row (or to an ancestor) changes the MAC a reader recomputes.
     """
-    fields_bytes = _FIELDS_ENCODER.encode(fields).encode()
+    fields_bytes = _fields_json(fields)
     # One message, hashed by a copy of an HMAC keyed once: the same bytes separate update()
     # calls would see in turn, at a fraction of the per-row cost of a replay's many small MACs.
     message = b"".join((

@@ -605,7 +605,8 @@ def _checked_fields(
     if isinstance(schema_version, bool) or not isinstance(schema_version, int) or not 1 <= schema_version < 2**31:
         raise bad("schema_version", "must be a positive integer.")
     fields: dict[str, Any] = {
-        "step": step, "label": label, "status": status, "source": source, "schema_version": schema_version,
+        # Plain strs, not the enum members the defaults are: the MAC's fields encode faster.
+        "step": step, "label": label, "status": str(status), "source": str(source), "schema_version": schema_version,
         "metadata": _checked_object(metadata or {}, field="metadata"),
         "model_name": "", "model_version": "", "temperature": None, "top_p": None, "seed": None,
     }  # fmt: skip

@@ -180,14 +180,15 @@ def publish_on_commit(
     *, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any], agent: str | None = None
 ) -> None:
     """Send the event to its websocket groups once the current transaction commits."""
+    transaction.on_commit(functools.partial(publish, thread_id=thread_id, seq=seq, type=type, data=data, agent=agent))
+
+
+def publish(*, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any], agent: str | None = None) -> None:
+    """Send a committed event to its websocket groups (publish_on_commit waits for the commit)."""
     payload = message(thread_id=thread_id, seq=seq, type=type, data=data)
-
-    def send() -> None:
-        _publisher.send(thread_group(thread_id), payload)
-        if type in INBOX_TYPES:
-            _publisher.send(INBOX_GROUP, {**payload, "agent": agent})
-
-    transaction.on_commit(send)
+    _publisher.send(thread_group(thread_id), payload)
+    if type in INBOX_TYPES:
+        _publisher.send(INBOX_GROUP, {**payload, "agent": agent})
 
 
 def flush(timeout: float = 5.0) -> None:

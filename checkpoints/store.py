@@ -32,7 +32,7 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connection, connections, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb, JsonbBinaryLoader
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
@@ -358,7 +358,8 @@ def append_checkpoint(
             )  # fmt: skip
             params["metadata"] = fields["metadata"]
             checkpoint = Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
-            _confirm(params, written(), branch_name=branch_name)
+            if not written():
+                raise _refused(params, branch_name=branch_name)
             for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
@@ -427,31 +428,36 @@ _APPEND = wire.Statement.named("quicksave_append", _APPEND_SQL)
 
 
 @contextlib.contextmanager
-def _appending(params: dict[str, Any]) -> Iterator[Callable[[], int | None]]:
-    """Send the append and yield what reads its outcome: the event's seq, or None when the
-    statement wrote nothing (another write got there first, or the parent's MAC changed).
+def _appending(params: dict[str, Any]) -> Iterator[Callable[[], bool]]:
+    """Send the append and yield what reads its outcome: True once it wrote (its event is then
+    published when committed), False when it wrote nothing (another write got there first,
+    or the parent's MAC changed).
 
     In autocommit the statement goes out before the block runs and commits on its own; in
     a transaction (tool results, a caller's atomic block) psycopg's cursor runs it there.
     """
-    connection.ensure_connection()
-    conn = connection.connection
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    conn = db.connection
     try:
         if conn.autocommit:
             with _APPEND.sent(conn, params) as reply:
-                yield lambda: _seq(reply.rows())
+                yield lambda: _published(params, reply.rows(), live.publish)
         else:
-            cursor = _append_cursor()
+            cursor = _append_cursor(conn)
             cursor.execute(_APPEND_SQL, params, prepare=True)
-            yield lambda: _seq(cursor.fetchall())
+            yield lambda: _published(params, cursor.fetchall(), live.publish_on_commit)
     except psycopg.errors.ForeignKeyViolation:
         # The branch (and so the thread) was deleted after this process cached it.
         _forget_thread(params["thread_id"])
         raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
 
 
-def _seq(rows: Sequence[tuple[Any, ...]]) -> int | None:
-    return int(rows[0][0]) if rows else None
+def _published(params: dict[str, Any], rows: Sequence[tuple[Any, ...]], publish: Callable[..., None]) -> bool:
+    if not rows:
+        return False
+    publish(thread_id=params["thread_id"], seq=int(rows[0][0]), type="checkpoint.created", data=params["event"].obj)
+    return True
 
 
 # A cursor per database connection runs the append inside a transaction: psycopg keeps a
@@ -460,8 +466,7 @@ def _seq(rows: Sequence[tuple[Any, ...]]) -> int | None:
 _append_cursors: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
 
 
-def _append_cursor() -> psycopg.Cursor[Any]:
-    conn = connection.connection
+def _append_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     cursor = _append_cursors.get(conn)
     if cursor is None or cursor.closed:
         cursor = _append_cursors[conn] = psycopg.Cursor(conn)
@@ -473,17 +478,13 @@ def _append_cursor() -> psycopg.Cursor[Any]:
     return cursor
 
 
-def _confirm(params: dict[str, Any], event_seq: int | None, *, branch_name: str) -> None:
-    """Publish the append's event once it commits, or raise why the append wrote nothing."""
-    if event_seq is not None:
-        live.publish_on_commit(thread_id=params["thread_id"], seq=event_seq, type="checkpoint.created",
-                               data=params["event"].obj)  # fmt: skip
-        return
+def _refused(params: dict[str, Any], *, branch_name: str) -> Exception:
+    """Why an append wrote nothing: a stale parent (naming the head), or a stale cached parent."""
     head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
     if (head is None and params["seq"] == 1) or head == (params["parent_id"], params["seq"] - 1):
         # Nobody wrote first: the parent's MAC changed under this process's cache.
-        raise _StaleCache(params["parent_id"])
-    raise StaleParent(
+        return _StaleCache(params["parent_id"])
+    return StaleParent(
         f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
         f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
         detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0, "branch": branch_name},
@@ -943,7 +944,9 @@ def _offloaded(thread_id: UUID, value: Any, canonical: bytes) -> bytes:
 
 
 def _seal(thread_id: UUID, checkpoint_id: UUID, canonical: bytes) -> bytes:
-    return crypto.seal(thread_id, payload_ad(checkpoint_id), codec.encode(canonical))
+    framed = codec.encode(canonical)
+    # What the payload is bound to is only worked out for a thread with a data key.
+    return crypto.seal(thread_id, payload_ad(checkpoint_id), framed) if crypto.data_key(thread_id) else framed
 
 
 def decode_payload(row: Checkpoint | _Row, *, restore: bool = True) -> Any:

@@ -23,7 +23,6 @@ import functools
 import hmac
 import logging
 import threading
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -460,16 +459,17 @@ def _published(params: dict[str, Any], rows: Sequence[tuple[Any, ...]], publish:
     return True
 
 
-# A cursor per database connection runs the append inside a transaction: psycopg keeps a
-# cursor's adapters for the statement it last ran, so the next append finds the dumpers of
-# its parameters instead of looking each up again.
-_append_cursors: weakref.WeakKeyDictionary[psycopg.Connection[Any], psycopg.Cursor[Any]] = weakref.WeakKeyDictionary()
+# A cursor runs the append inside a transaction: psycopg keeps a cursor's adapters for the
+# statement it last ran, so the next append finds the dumpers of its parameters instead of
+# looking each up again. One per thread, for the connection the thread used last (a cursor
+# holds its connection, so caching one per connection would keep closed ones alive).
+_append_cursors = threading.local()
 
 
 def _append_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    cursor = _append_cursors.get(conn)
-    if cursor is None or cursor.closed:
-        cursor = _append_cursors[conn] = psycopg.Cursor(conn)
+    cursor: psycopg.Cursor[Any] | None = getattr(_append_cursors, "cursor", None)
+    if cursor is None or cursor.connection is not conn or cursor.closed:
+        cursor = _append_cursors.cursor = psycopg.Cursor(conn)
         # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
         # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
         # thread's growing sizes do not prepare the append again each time they cross a boundary.

@@ -3,8 +3,12 @@ and the store's append in autocommit, which goes through it."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import psycopg
 import pytest
+from django.conf import settings
 from django.db import connection, transaction
 
 from agents.models import Agent
@@ -77,3 +81,21 @@ def test_a_stale_append_in_autocommit_names_the_head_and_leaves_nothing_behind(a
     assert Checkpoint.objects.filter(thread=thread).count() == 2
     # The node cached while the server answered is dropped again.
     assert len(store._cache._nodes) == cached
+
+
+def test_the_cached_append_cursor_does_not_keep_a_replaced_connection_alive() -> None:
+    db = settings.DATABASES["default"]
+    params = {"host": db["HOST"], "port": db["PORT"] or None, "user": db["USER"], "password": db["PASSWORD"] or None}
+
+    def connect() -> psycopg.Connection:
+        return psycopg.connect(dbname=db["NAME"], **{k: v for k, v in params.items() if v})
+
+    first = connect()
+    assert store._append_cursor(first) is store._append_cursor(first)  # reused on its connection
+    gone = weakref.ref(first)
+    first.close()
+    del first
+    with connect() as second:
+        assert store._append_cursor(second).connection is second
+        gc.collect()
+        assert gone() is None

@@ -347,9 +347,9 @@ def append_checkpoint(
 
     try:
         with transaction.atomic() if tool_results else contextlib.nullcontext(), _appending(params) as written:
-            # Done while the server executes and commits the append (see checkpoints.wire). The
-            # new id is in no one else's hands yet, so caching its node first is safe; it is
-            # dropped again if the append turns out to have written nothing.
+            # In autocommit, done while the server executes and commits the append (see
+            # checkpoints.wire). The new id is in no one else's hands yet, so caching its node
+            # first is safe; it is dropped again if the append turns out to have written nothing.
             _cache.put(
                 Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
                      state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
@@ -412,13 +412,6 @@ FROM bumped
 RETURNING seq
 """
 
-_INSERT_FIELDS = (
-    "id", "thread_id", "branch_id", "parent_id", "seq", "step", "label", "status", "source",
-    "model_name", "model_version", "temperature", "top_p", "seed", "schema_version", "kind",
-    "payload", "chain_length", "chain_bytes", "state_bytes", "integrity", "created_at",
-)  # fmt: skip
-
-
 # Every column, in model order, as Model.from_db wants them.
 _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 
@@ -441,7 +434,21 @@ def _appending(params: dict[str, Any]) -> Iterator[Callable[[], bool]]:
     try:
         if conn.autocommit:
             with _APPEND.sent(conn, params) as reply:
-                yield lambda: _published(params, reply.rows(), live.publish)
+                outcome: list[bool] = []
+
+                def written() -> bool:
+                    if not outcome:
+                        outcome.append(_published(params, reply.rows(), live.publish))
+                    return outcome[0]
+
+                try:
+                    yield written
+                except BaseException:
+                    # The block failed after the append went out: it may have landed all the
+                    # same, and then its event goes out too.
+                    with contextlib.suppress(psycopg.Error):
+                        written()
+                    raise
         else:
             cursor = _append_cursor(conn)
             cursor.execute(_APPEND_SQL, params, prepare=True)
@@ -461,8 +468,9 @@ def _published(params: dict[str, Any], rows: Sequence[tuple[Any, ...]], publish:
 
 # A cursor runs the append inside a transaction: psycopg keeps a cursor's adapters for the
 # statement it last ran, so the next append finds the dumpers of its parameters instead of
-# looking each up again. One per thread, for the connection the thread used last (a cursor
-# holds its connection, so caching one per connection would keep closed ones alive).
+# looking each up again. One per thread, for the connection the thread used last: a cursor
+# holds its connection, so one cached per connection would keep every closed one alive; this
+# way each thread keeps at most its last.
 _append_cursors = threading.local()
 
 
@@ -607,7 +615,8 @@ def _checked_fields(
         raise bad("schema_version", "must be a positive integer.")
     fields: dict[str, Any] = {
         # Plain strs, not the enum members the defaults are: the MAC's fields encode faster.
-        "step": step, "label": label, "status": str(status), "source": str(source), "schema_version": schema_version,
+        "step": step, "label": label, "status": CheckpointStatus(status).value,
+        "source": CheckpointSource(source).value, "schema_version": schema_version,
         "metadata": _checked_object(metadata or {}, field="metadata"),
         "model_name": "", "model_version": "", "temperature": None, "top_p": None, "seed": None,
     }  # fmt: skip

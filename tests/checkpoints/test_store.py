@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import itertools
 import random
 import threading
@@ -388,3 +389,16 @@ def test_an_append_is_prepared_once_however_large_its_numbers_grow(thread: Threa
     # Every int goes as bigint, so its size never makes a new statement (a null one still does:
     # a root checkpoint has no parent).
     assert "bigint" in types and not types & {"smallint", "integer"}, types
+
+
+def test_a_status_given_as_any_str_enum_is_recorded_as_its_value(thread: Thread) -> None:
+    class Status(str, enum.Enum):  # str() of such a member is "Status.DONE", not its value
+        DONE = "completed"
+
+    written = store.append_checkpoint(thread=thread, parent=None, state={}, status=Status.DONE)
+    stored = Checkpoint.objects.get(pk=written.pk)
+    assert (stored.status, Event.objects.get(thread=thread, type="checkpoint.created").data["status"]) == (
+        "completed",
+        "completed",
+    )
+    call_command("verify_integrity")  # the MAC was made over the recorded value

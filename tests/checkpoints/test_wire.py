@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from agents.models import Agent
-from checkpoints import store, wire
+from checkpoints import live, store, wire
 from checkpoints.errors import StaleParent
 from checkpoints.models import Checkpoint, Event
 
@@ -26,15 +26,20 @@ def psycopg_connection() -> psycopg.Connection:
     return conn
 
 
+# Statements are made once per process: a name is taken for good.
+SUM = wire.Statement.named("test_wire_sum", "SELECT %(a)s::bigint + %(b)s::bigint * %(a)s::bigint")
+ECHO = wire.Statement.named("test_wire_echo", "SELECT %(n)s::bigint")
+DIVIDE = wire.Statement.named("test_wire_divide", "SELECT 1 / %(n)s::bigint")
+SCALE = wire.Statement.named("test_wire_scale", "SELECT %(x)s::float8 * 2, %(label)s::text")
+
+
 def test_a_named_parameter_used_twice_is_one_placeholder() -> None:
-    statement = wire.Statement.named("test_wire_named", "SELECT %(a)s::bigint + %(b)s::bigint * %(a)s::bigint")
-    with statement.sent(psycopg_connection(), {"a": 3, "b": 5}) as reply:
+    with SUM.sent(psycopg_connection(), {"a": 3, "b": 5}) as reply:
         assert reply.rows() == [(b"18",)]
 
 
 def test_an_unread_reply_is_read_before_the_block_ends_so_the_connection_stays_usable() -> None:
-    statement = wire.Statement.named("test_wire_unread", "SELECT %(n)s::bigint")
-    with statement.sent(psycopg_connection(), {"n": 7}):
+    with ECHO.sent(psycopg_connection(), {"n": 7}):
         pass
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
@@ -42,19 +47,17 @@ def test_an_unread_reply_is_read_before_the_block_ends_so_the_connection_stays_u
 
 
 def test_the_servers_error_is_raised_as_psycopgs_exception_when_the_reply_is_read() -> None:
-    statement = wire.Statement.named("test_wire_error", "SELECT 1 / %(n)s::bigint")
-    with statement.sent(psycopg_connection(), {"n": 0}) as reply, pytest.raises(psycopg.errors.DivisionByZero):
+    with DIVIDE.sent(psycopg_connection(), {"n": 0}) as reply, pytest.raises(psycopg.errors.DivisionByZero):
         reply.rows()
-    with statement.sent(psycopg_connection(), {"n": 2}) as reply:
+    with DIVIDE.sent(psycopg_connection(), {"n": 2}) as reply:
         assert reply.rows() == [(b"0",)]
 
 
 def test_a_statement_refuses_a_connection_inside_a_transaction() -> None:
-    statement = wire.Statement.named("test_wire_atomic", "SELECT %(n)s::bigint")
     with (
         transaction.atomic(),
         pytest.raises(psycopg.ProgrammingError, match="autocommit"),
-        statement.sent(connection.connection, {"n": 1}),
+        ECHO.sent(connection.connection, {"n": 1}),
     ):
         pass
 
@@ -99,3 +102,41 @@ def test_the_cached_append_cursor_does_not_keep_a_replaced_connection_alive() ->
         assert store._append_cursor(second).connection is second
         gc.collect()
         assert gone() is None
+
+
+def test_a_value_of_another_type_than_its_cast_is_refused_before_it_is_sent() -> None:
+    # Sent anyway, the int's eight bytes would be read as a float8.
+    with SCALE.sent(psycopg_connection(), {"x": 1.5, "label": "a"}) as reply:
+        assert reply.rows() == [(b"3", b"a")]
+    with (
+        pytest.raises(
+            psycopg.ProgrammingError, match="'x' dumps to type oid 20, but the statement casts it to oid 701"
+        ),
+        SCALE.sent(psycopg_connection(), {"x": 3, "label": "a"}),
+    ):
+        pass
+    with SCALE.sent(psycopg_connection(), {"x": None, "label": None}) as reply:  # a NULL fits any type
+        assert reply.rows() == [(None, None)]
+
+
+def test_two_statements_cannot_share_a_name() -> None:
+    with pytest.raises(ValueError, match="test_wire_echo"):
+        wire.Statement.named("test_wire_echo", "SELECT %(m)s::text")
+
+
+def test_an_append_whose_caller_fails_after_it_went_out_still_publishes_its_event(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    thread = store.create_thread(agent=agent)[0]
+    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    published: list[int] = []
+    monkeypatch.setattr(live, "publish", lambda **event: published.append(event["seq"]))
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("the model instance could not be built")
+
+    monkeypatch.setattr(Checkpoint, "from_db", broken)
+    with pytest.raises(RuntimeError):
+        store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2})
+    event = Event.objects.get(thread=thread, type="checkpoint.created", data__seq=2)
+    assert published == [event.seq]  # it landed, and its event went out

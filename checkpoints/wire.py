@@ -206,7 +206,7 @@ class Reply:
                 # one again and send it again (it never ran: the server refused its name).
                 self._resend()
                 result = self._conn.wait(generators.fetch_many(self._conn.pgconn))[-1]
-        if result.status == pq.ExecStatus.TUPLES_OK:
+        if result.status in (pq.ExecStatus.TUPLES_OK, pq.ExecStatus.COMMAND_OK):  # rows, or none to give
             self._rows = [
                 tuple(result.get_value(row, column) for column in range(result.nfields))
                 for row in range(result.ntuples)

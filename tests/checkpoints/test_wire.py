@@ -31,6 +31,8 @@ SUM = wire.Statement.named("test_wire_sum", "SELECT %(a)s::bigint + %(b)s::bigin
 ECHO = wire.Statement.named("test_wire_echo", "SELECT %(n)s::bigint")
 DIVIDE = wire.Statement.named("test_wire_divide", "SELECT 1 / %(n)s::bigint")
 SCALE = wire.Statement.named("test_wire_scale", "SELECT %(x)s::float8 * 2, %(label)s::text")
+SET = wire.Statement.named("test_wire_set", "SET application_name = 'test_wire'")
+ADOPTED = wire.Statement.named("test_wire_adopted", "SELECT %(n)s::bigint + 1")
 
 
 def test_a_named_parameter_used_twice_is_one_placeholder() -> None:
@@ -140,3 +142,16 @@ def test_an_append_whose_caller_fails_after_it_went_out_still_publishes_its_even
         store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2})
     event = Event.objects.get(thread=thread, type="checkpoint.created", data__seq=2)
     assert published == [event.seq]  # it landed, and its event went out
+
+
+def test_a_command_that_returns_no_rows_gives_an_empty_list() -> None:
+    with SET.sent(psycopg_connection(), {}) as reply:
+        assert reply.rows() == []
+
+
+def test_a_statement_already_prepared_under_its_name_on_the_connection_is_used() -> None:
+    # As when an earlier prepare reached the server but its caller was interrupted before noting it.
+    with connection.cursor() as cursor:
+        cursor.execute("PREPARE test_wire_adopted AS SELECT $1::bigint + 1")
+    with ADOPTED.sent(psycopg_connection(), {"n": 41}) as reply:
+        assert reply.rows() == [(b"42",)]

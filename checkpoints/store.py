@@ -586,8 +586,9 @@ def _checked_object(value: Any, *, field: str) -> dict[str, Any]:
 
 
 # Choices' .values builds a new list on every access; a write checks both.
-_STATUSES = frozenset(CheckpointStatus.values)
-_SOURCES = frozenset(CheckpointSource.values)
+# Each value to itself: looked up with any str or str enum member equal to it, they give the plain str.
+_STATUSES = {value: value for value in CheckpointStatus.values}
+_SOURCES = {value: value for value in CheckpointSource.values}
 
 
 def _checked_fields(
@@ -615,8 +616,8 @@ def _checked_fields(
         raise bad("schema_version", "must be a positive integer.")
     fields: dict[str, Any] = {
         # Plain strs, not the enum members the defaults are: the MAC's fields encode faster.
-        "step": step, "label": label, "status": CheckpointStatus(status).value,
-        "source": CheckpointSource(source).value, "schema_version": schema_version,
+        "step": step, "label": label, "status": _STATUSES[status], "source": _SOURCES[source],
+        "schema_version": schema_version,
         "metadata": _checked_object(metadata or {}, field="metadata"),
         "model_name": "", "model_version": "", "temperature": None, "top_p": None, "seed": None,
     }  # fmt: skip

@@ -20,7 +20,7 @@ import orjson
 import zstandard
 from django.conf import settings
 
-from checkpoints.jsonpatch import canonical_json, is_plain, json_depth
+from checkpoints.jsonpatch import canonical_json, json_depth
 
 RAW = b"\x00"
 ZLIB = b"\x01"
@@ -170,16 +170,16 @@ def _fields_json(fields: dict[str, Any]) -> bytes:
     """A row's recorded fields as its MAC covers them: the standard library's sorted, compact,
     ASCII-only JSON (`_FIELDS_ENCODER`).
 
-    orjson writes the very same bytes, several times faster, for plain values (no float, no
-    subclass) whose text is ASCII: the standard library escapes every other character and
-    DEL (0x7f), which orjson writes as they are. Anything else goes to the standard library.
+    canonical_json writes the same bytes (orjson's, fast, for plain values) whenever they come
+    out ASCII without DEL: it differs only in leaving other characters and DEL unescaped, and
+    in refusing what `_FIELDS_ENCODER` writes anyway (NaN, values it turns into strings).
     """
     try:
-        encoded = orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)
-    except orjson.JSONEncodeError:
+        encoded = canonical_json(fields)
+    except (TypeError, ValueError, RecursionError):
         pass
     else:
-        if encoded.isascii() and b"\x7f" not in encoded and is_plain(fields):
+        if encoded.isascii() and b"\x7f" not in encoded:
             return encoded
     return _FIELDS_ENCODER.encode(fields).encode()
 

@@ -150,13 +150,16 @@ def data_key(thread_id: UUID) -> AESGCM | None:
     return _data_keys.get(thread_id, lambda: _load(thread_id))
 
 
-def seal(thread_id: UUID, ad: bytes, framed: bytes) -> bytes:
-    """Encrypt a codec-framed value under the thread's data key, bound to `ad`; plain if it has none."""
+def seal(thread_id: UUID, ad: bytes | Callable[[], bytes], framed: bytes) -> bytes:
+    """Encrypt a codec-framed value under the thread's data key, bound to `ad`; plain if it has none.
+
+    `ad` may be a function giving it, called only when there is a key (hot writes skip building it).
+    """
     key = data_key(thread_id)
     if key is None:
         return framed
     nonce = os.urandom(NONCE_BYTES)
-    return bytes((SEALED,)) + nonce + key.encrypt(nonce, framed, ad)
+    return bytes((SEALED,)) + nonce + key.encrypt(nonce, framed, ad if isinstance(ad, bytes) else ad())
 
 
 def is_sealed(blob: bytes | memoryview) -> bool:

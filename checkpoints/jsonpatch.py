@@ -81,7 +81,7 @@ def canonical_json(value: JSON) -> bytes:
     except orjson.JSONEncodeError:
         pass
     else:
-        if is_plain(value):
+        if _plain(value):
             return encoded
     return _ENCODER.encode(value).encode("utf-8")
 
@@ -89,7 +89,7 @@ def canonical_json(value: JSON) -> bytes:
 _PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
 
 
-def is_plain(value: JSON) -> bool:
+def _plain(value: JSON) -> bool:
     """Whether a value (finite: orjson encoded it) holds only dicts, lists, str, int, bool, None."""
     stack: list[Any] = [value]
     while stack:

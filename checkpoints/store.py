@@ -434,13 +434,7 @@ def _appending(params: dict[str, Any]) -> Iterator[Callable[[], bool]]:
     try:
         if conn.autocommit:
             with _APPEND.sent(conn, params) as reply:
-                outcome: list[bool] = []
-
-                def written() -> bool:
-                    if not outcome:
-                        outcome.append(_published(params, reply.rows(), live.publish))
-                    return outcome[0]
-
+                written = functools.cache(lambda: _published(params, reply.rows(), live.publish))
                 try:
                     yield written
                 except BaseException:
@@ -954,9 +948,7 @@ def _offloaded(thread_id: UUID, value: Any, canonical: bytes) -> bytes:
 
 
 def _seal(thread_id: UUID, checkpoint_id: UUID, canonical: bytes) -> bytes:
-    framed = codec.encode(canonical)
-    # What the payload is bound to is only worked out for a thread with a data key.
-    return crypto.seal(thread_id, payload_ad(checkpoint_id), framed) if crypto.data_key(thread_id) else framed
+    return crypto.seal(thread_id, lambda: payload_ad(checkpoint_id), codec.encode(canonical))
 
 
 def decode_payload(row: Checkpoint | _Row, *, restore: bool = True) -> Any:

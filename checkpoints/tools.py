@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from datetime import datetime
@@ -108,7 +109,8 @@ def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]
             codec.check_depth(result)
         except codec.EncodingError as exc:
             raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
-        rows.append(_Sealed(key, crypto.seal(thread.pk, result_ad(thread.pk, key), codec.encode(canonical)), canonical))
+        sealed = crypto.seal(thread.pk, functools.partial(result_ad, thread.pk, key), codec.encode(canonical))
+        rows.append(_Sealed(key, sealed, canonical))
     return rows
 
 

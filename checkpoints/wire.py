@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import threading
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -175,7 +175,7 @@ class Reply:
     text form), read off the connection once; `rows()` then gives them, or raises the
     server's error, as often as it is called."""
 
-    def __init__(self, conn: psycopg.Connection[Any], *, resend: Any) -> None:
+    def __init__(self, conn: psycopg.Connection[Any], *, resend: Callable[[], None]) -> None:
         self._conn = conn
         self._resend = resend
         self._read = False

@@ -3,6 +3,7 @@ and the store's append in autocommit, which goes through it."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 
@@ -65,11 +66,18 @@ def test_a_statement_refuses_a_connection_inside_a_transaction() -> None:
 
 
 def test_appends_go_on_after_the_connections_prepared_statements_are_deallocated(agent: Agent) -> None:
-    # psycopg sends DEALLOCATE ALL after a rollback once it has prepared statements of its own.
+    # psycopg sends DEALLOCATE ALL after a rollback once it has prepared statements of its own
+    # (a DEALLOCATE ALL of the test's own would leave psycopg's cache wrong for later tests).
     thread = store.create_thread(agent=agent)[0]
     first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
-    with connection.cursor() as cursor:
-        cursor.execute("DEALLOCATE ALL")
+    conn = psycopg_connection()
+    psycopg.Cursor(conn).execute("SELECT 1", prepare=True)  # Django's own cursors bind client-side
+    with contextlib.suppress(RuntimeError), transaction.atomic():
+        conn.execute("SELECT 2")
+        raise RuntimeError("roll back")
+    assert conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = 'quicksave_append'").fetchone() == (
+        0,
+    )
     second = store.append_checkpoint(thread=thread, parent=first, patch=[{"op": "replace", "path": "/n", "value": 2}])
     assert store.state_at(second.pk) == {"n": 2}
     assert Event.objects.filter(thread=thread, type="checkpoint.created").count() == 2

@@ -288,12 +288,7 @@ def append_checkpoint(
         # already has checkpoints the writer is behind its head.
         head = branch_head(thread_id=thread.pk, branch_id=branch_id)
         if head is not None or parent_id is not None:
-            raise StaleParent(
-                f"Checkpoint {parent_id} is not the head of branch '{branch_name}'; "
-                f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
-                detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0,
-                        "branch": branch_name},
-            )  # fmt: skip
+            raise _stale_parent(parent_id, head, branch_name=branch_name)
     seq = parent_node.seq + 1 if parent_node is not None and same_branch else 1
 
     delta, new_state, state_bytes = _next_state(parent_node, state=state, patch=patch)
@@ -486,8 +481,14 @@ def _refused(params: dict[str, Any], *, branch_name: str) -> Exception:
     if (head is None and params["seq"] == 1) or head == (params["parent_id"], params["seq"] - 1):
         # Nobody wrote first: the parent's MAC changed under this process's cache.
         return _StaleCache(params["parent_id"])
+    return _stale_parent(params["parent_id"], head, branch_name=branch_name)
+
+
+def _stale_parent(parent_id: UUID | None, head: tuple[UUID, int] | None, *, branch_name: str) -> StaleParent:
+    """The error for a write whose parent is not its branch's head, naming the head."""
+    written_after = f"Checkpoint {parent_id} is not" if parent_id else "No parent is"
     return StaleParent(
-        f"Checkpoint {params['parent_id']} is not the head of branch '{branch_name}'; "
+        f"{written_after} the head of branch '{branch_name}'; "
         f"the head is {head[0] if head else 'empty'}. Re-read the head and write again.",
         detail={"head": str(head[0]) if head else None, "head_seq": head[1] if head else 0, "branch": branch_name},
     )

@@ -402,3 +402,10 @@ def test_a_status_given_as_any_str_enum_is_recorded_as_its_value(thread: Thread)
         "completed",
     )
     call_command("verify_integrity")  # the MAC was made over the recorded value
+
+
+def test_a_second_first_checkpoint_is_refused_naming_the_head_not_a_parent_of_none(thread: Thread) -> None:
+    head = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    with pytest.raises(StaleParent, match=f"^No parent is the head of branch 'main'; the head is {head.pk}") as raised:
+        store.append_checkpoint(thread=thread, parent=None, state={"n": 2})
+    assert "None" not in str(raised.value)

@@ -28,6 +28,11 @@ Measures
   (``bench.quicksave_runs.TABLES``) plus ``checkpoints_toolresult``, which holds
   its pending writes, all emptied (``TRUNCATE``) before the run.
 
+Two reference runs need no database and bound what any saver could reach on this
+machine: LangGraph's own ``InMemorySaver``, and :class:`LatestOnlySaver`, which keeps
+the newest checkpoint of the thread in memory and nothing else -- the graph's own
+cost per step with a checkpointer attached.
+
 After each run the graph's own ``get_state`` must return every message, the
 final step and the final facts.  A table and ratio lines (with the targets:
 QuicksaveSaver at least 5x the write rate and at most 1/10 of the bytes of
@@ -171,6 +176,61 @@ def run_quicksave_saver(steps: int, seed: int = 7, durability: str | None = None
     )
 
 
+class LatestOnlySaver:
+    """A checkpointer that keeps the newest checkpoint it was given and drops everything else.
+
+    Not a saver anyone should use: a reference for the cost of LangGraph's own loop per step
+    with a checkpointer attached (it still copies each checkpoint, as its savers must).
+    Built on first use, so importing this module needs no LangGraph.
+    """
+
+    @staticmethod
+    def build() -> Any:
+        with quiet_langchain_warnings():
+            from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
+
+        class _LatestOnly(BaseCheckpointSaver):  # type: ignore[type-arg]
+            def __init__(self) -> None:
+                super().__init__()
+                self.latest: CheckpointTuple | None = None
+
+            def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+                return self.latest
+
+            def put(self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+                stored: RunnableConfig = {"configurable": {
+                    "thread_id": config["configurable"]["thread_id"],
+                    "checkpoint_ns": config["configurable"].get("checkpoint_ns", ""),
+                    "checkpoint_id": checkpoint["id"],
+                }}  # fmt: skip
+                self.latest = CheckpointTuple(stored, copy_checkpoint(checkpoint), metadata, config, [])
+                return stored
+
+            def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
+                return None
+
+        return _LatestOnly()
+
+
+def run_in_memory(steps: int, seed: int = 7, durability: str | None = None, *, latest_only: bool = False) -> SaverRun:
+    """A reference run with no database: LangGraph's ``InMemorySaver``, or :class:`LatestOnlySaver`."""
+    with quiet_langchain_warnings():
+        from langgraph.checkpoint.memory import InMemorySaver
+
+    work = list(workload(steps, seed))
+    config: RunnableConfig = {"configurable": {"thread_id": THREAD_ID}}
+    saver = LatestOnlySaver.build() if latest_only else InMemorySaver()
+    graph = build_graph(work, saver)
+    t0, stamps = _drive(graph, work, config, durability)
+    name = "LatestOnlySaver" if latest_only else "InMemorySaver"
+    _verify(graph, work, config, name)
+    return SaverRun(
+        name=name, steps=steps, cps=steps / (stamps[-1] - t0), total_bytes=0, checkpoint_rows=0,
+        latest_read_ms=median_ms(lambda: graph.get_state(config), LATEST_READS), table_bytes={},
+        extra=window_cps(t0, stamps),
+    )  # fmt: skip
+
+
 def run_postgres_saver(steps: int, seed: int = 7, durability: str | None = None) -> SaverRun:
     """The graph checkpointed by LangGraph's ``PostgresSaver`` on freshly created tables.
 
@@ -230,9 +290,9 @@ def format_table(runs: Sequence[SaverRun]) -> str:
             r.name,
             str(r.steps),
             f"{r.cps:,.1f}",
-            _fmt_bytes(r.bytes_per_cp),
-            _fmt_bytes(r.total_bytes),
-            f"{r.checkpoint_rows:,}",
+            _fmt_bytes(r.bytes_per_cp) if r.table_bytes else "-",
+            _fmt_bytes(r.total_bytes) if r.table_bytes else "-",
+            f"{r.checkpoint_rows:,}" if r.table_bytes else "-",
             f"{r.latest_read_ms:,.2f}",
         )
         for r in runs
@@ -246,8 +306,9 @@ def format_table(runs: Sequence[SaverRun]) -> str:
 
     out = [line(headers), "  ".join("-" * w for w in widths), *(line(row) for row in rows)]
     for r in runs:
-        tables = ", ".join(f"{t}={_fmt_bytes(b)}" for t, b in r.table_bytes.items())
-        out.append(f"  {r.name} tables: {tables}")
+        if r.table_bytes:
+            tables = ", ".join(f"{t}={_fmt_bytes(b)}" for t, b in r.table_bytes.items())
+            out.append(f"  {r.name} tables: {tables}")
         if r.extra:
             out.append(f"  {r.name}: " + ", ".join(f"{k}={v}" for k, v in r.extra.items()))
     return "\n".join(out)
@@ -269,9 +330,26 @@ def ratio_lines(quicksave: SaverRun, postgres: SaverRun) -> list[str]:
     ]
 
 
-def summary(quicksave: SaverRun, postgres: SaverRun) -> dict[str, Any]:
+def reference_lines(references: Sequence[SaverRun], quicksave: SaverRun, postgres: SaverRun) -> list[str]:
+    """How the savers' rates compare with the database-free references."""
+    lines = ["reference runs without a database (LatestOnlySaver: no checkpointer can make a step cheaper):"]
+    for ref in references:
+        lines.append(
+            f"  {ref.name}: {ref.cps:,.1f} steps/s, {ref.cps / postgres.cps:.2f}x PostgresSaver;"
+            f" QuicksaveSaver runs at {quicksave.cps / ref.cps:.0%} of it"
+        )
+    return lines
+
+
+def summary(quicksave: SaverRun, postgres: SaverRun, references: Sequence[SaverRun] = ()) -> dict[str, Any]:
     """The final JSON object."""
     cps_ratio, bytes_ratio = ratios(quicksave, postgres)
+    by_name = {ref.name: ref for ref in references}
+    reference_cps = {
+        key: round(by_name[name].cps, 1)
+        for key, name in (("in_memory_saver_cps", "InMemorySaver"), ("latest_only_saver_cps", "LatestOnlySaver"))
+        if name in by_name
+    }
     return {
         "steps": quicksave.steps,
         "quicksave_saver_cps": round(quicksave.cps, 1),
@@ -282,6 +360,7 @@ def summary(quicksave: SaverRun, postgres: SaverRun) -> dict[str, Any]:
         "bytes_ratio": round(bytes_ratio, 5),
         "cps_target_met": cps_ratio >= CPS_TARGET,
         "bytes_target_met": bytes_ratio <= BYTES_TARGET,
+        **reference_cps,
     }
 
 
@@ -296,6 +375,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="LangGraph durability mode for both savers (default: LangGraph's own default)",
     )
+    parser.add_argument("--no-reference", action="store_true", help="skip the two reference runs that use no database")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps must be >= 2, got {args.steps}")
@@ -314,10 +394,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         settle()
         runs.append(runner(args.steps, args.seed, args.durability))
     quicksave, postgres = runs
-    print(format_table(runs))
+    references: list[SaverRun] = []
+    if not args.no_reference:
+        for latest_only in (False, True):
+            references.append(run_in_memory(args.steps, args.seed, args.durability, latest_only=latest_only))
+    print(format_table([*runs, *references]))
     for text in ratio_lines(quicksave, postgres):
         print(text)
-    print(json.dumps(summary(quicksave, postgres)))
+    if references:
+        for text in reference_lines(references, quicksave, postgres):
+            print(text)
+    print(json.dumps(summary(quicksave, postgres, references)))
     return 0
 
 

@@ -87,7 +87,7 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
 from agents.keys import get_or_create_agent
 from agents.models import Agent
-from checkpoints import codec, langgraph_interrupts, store
+from checkpoints import codec, langgraph_interrupts, lent_connection, store
 from checkpoints.errors import InvalidPatch, NotFound, StaleParent
 from checkpoints.ids import new_id
 from checkpoints.jsonpatch import format_pointer, make_patch
@@ -141,20 +141,18 @@ def write_tool(lg_id: str) -> str:
 
 
 def _releasing_connection(method: Callable[P, R]) -> Callable[P, R]:
-    """Give the thread's database connection back when the call opened it.
+    """Run the call on the process's lent connection when its thread has none open, else on
+    the thread's own, given back at the end if the call opened it.
 
     LangGraph runs a sync graph's checkpoint writes on short-lived executor threads; each
-    would otherwise keep a connection (a pooled one: until the pool runs dry).
+    would otherwise set up a connection of its own, and keep it (a pooled one: until the
+    pool runs dry).
     """
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        opened_here = connection.connection is None
-        try:
+        with lent_connection.borrowed():
             return method(*args, **kwargs)
-        finally:
-            if opened_here and not connection.in_atomic_block:
-                connection.close()
 
     return wrapper
 

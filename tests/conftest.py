@@ -160,3 +160,14 @@ def redis_server(settings: Any) -> Iterator[RedisServer]:
         server.kill()
     hotcache.reset()
     store.clear_caches()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _lent_connections_closed(django_db_setup: Any) -> Iterator[None]:
+    # Set up after the test database and torn down before it: the connections LangGraph's
+    # executor threads borrow (checkpoints.lent_connection) stay open between calls, and
+    # PostgreSQL does not drop a database that has a connection open.
+    yield
+    from checkpoints import lent_connection
+
+    lent_connection.close()

@@ -1,0 +1,162 @@
+"""checkpoints.lent_connection: threads without a connection of their own borrow one the
+process keeps open, instead of each setting one up and tearing it down."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+
+from checkpoints import lent_connection
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def in_thread(work: Callable[[], Any]) -> Any:
+    """Run `work` in a new thread (which has never touched the database) and return its result."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:  # handed to the test's thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(timeout=30)
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def initialized_here() -> bool:
+    return any(db.alias == DEFAULT_DB_ALIAS for db in connections.all(initialized_only=True))
+
+
+@pytest.fixture(autouse=True)
+def _lent_connections_closed() -> Iterator[None]:
+    yield
+    lent_connection.close()
+
+
+def test_threads_without_a_connection_borrow_the_same_open_one_and_leave_none_behind() -> None:
+    def borrow() -> tuple[int, bool, bool]:
+        with lent_connection.borrowed():
+            pid = backend_pid()
+            lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
+        return pid, lent, initialized_here()
+
+    first_pid, first_lent, first_left = in_thread(borrow)
+    second_pid, second_lent, second_left = in_thread(borrow)
+
+    assert first_lent and second_lent
+    assert first_pid == second_pid  # the connection stayed open between the two threads
+    assert not first_left and not second_left  # neither thread was given a connection object of its own
+
+
+def test_a_thread_in_a_transaction_keeps_its_own_connection() -> None:
+    def borrow_in_transaction() -> tuple[int, int, bool]:
+        with transaction.atomic():
+            own_pid = backend_pid()
+            with lent_connection.borrowed():
+                pid = backend_pid()
+                lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
+        connection.close()
+        return own_pid, pid, lent
+
+    own_pid, pid, lent = in_thread(borrow_in_transaction)
+
+    assert pid == own_pid and not lent
+
+
+def test_a_borrow_inside_a_borrow_keeps_the_connection_it_has() -> None:
+    def nested() -> tuple[int, int, int]:
+        with lent_connection.borrowed():
+            outer = backend_pid()
+            with lent_connection.borrowed():
+                inner = backend_pid()
+            return outer, inner, backend_pid()
+
+    outer, inner, after = in_thread(nested)
+
+    assert outer == inner == after
+
+
+def test_when_every_lent_connection_is_out_a_thread_opens_its_own_and_closes_it() -> None:
+    out = threading.Barrier(lent_connection.LENT + 1)
+    done = threading.Event()
+
+    def hold() -> None:
+        with lent_connection.borrowed():
+            backend_pid()
+            out.wait(timeout=10)
+            done.wait(timeout=10)
+
+    holders = [threading.Thread(target=hold) for _ in range(lent_connection.LENT)]
+    for holder in holders:
+        holder.start()
+    out.wait(timeout=10)  # every lent connection is out now
+
+    def borrow() -> tuple[bool, bool]:
+        with lent_connection.borrowed():
+            backend_pid()
+            lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
+        return lent, connections[DEFAULT_DB_ALIAS].connection is None
+
+    try:
+        lent, closed_after = in_thread(borrow)
+    finally:
+        done.set()
+        for holder in holders:
+            holder.join(timeout=10)
+
+    assert not lent
+    assert closed_after  # its own connection went back when the block ended
+
+
+def test_a_lent_connection_lost_during_a_block_is_reopened_for_the_next_borrower() -> None:
+    def lose_it() -> int:
+        with lent_connection.borrowed():
+            pid = backend_pid()
+            killer = connections.create_connection(DEFAULT_DB_ALIAS)
+            with killer.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+            killer.close()
+            with pytest.raises(Exception):  # noqa: B017 - Django's or psycopg's, whichever notices
+                backend_pid()
+        return pid
+
+    lost_pid = in_thread(lose_it)
+    next_pid = in_thread(lambda: _borrowed_pid())
+
+    assert next_pid != lost_pid
+
+
+def _borrowed_pid() -> int:
+    with lent_connection.borrowed():
+        return backend_pid()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_neither_uses_nor_closes_the_connection_it_inherited() -> None:
+    parent_pid = in_thread(_borrowed_pid)
+
+    child = os.fork()
+    if child == 0:  # the child: report through the exit code only
+        code = 0 if not lent_connection._lent and lent_connection._inherited else 1
+        os._exit(code)
+    _, status = os.waitpid(child, 0)
+
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert in_thread(_borrowed_pid) == parent_pid  # still open: the child did not close it

@@ -9,9 +9,12 @@ stay open between calls, like PostgresSaver's own connection. When all LENT are 
 opens its own as before, so no call waits for another; a thread with a connection of its own
 (a request, a caller's transaction) keeps using that one.
 
-`close()` closes the lent connections (the test suite does so before it drops its database).
-A child process made by fork neither uses nor closes the connections it inherited: their
-sockets are its parent's.
+Lent connections are opened outside Django's pool, so they never hold the pool's slots that
+requests need. One idle for more than IDLE_CHECK_SECONDS, or that saw an error, is checked
+with a `SELECT 1` before it is lent again (the server may have restarted since), and one
+left in a transaction or broken is closed when it comes back. `close()` closes those not out
+(the test suite does so after every test). A child process made by fork starts with none:
+the connections it inherited are its parent's.
 """
 
 from __future__ import annotations
@@ -19,17 +22,23 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.utils import load_backend
+from psycopg import pq
 
-# At most this many connections are lent at once (and held, idle, between calls).
+# At most this many connections are lent at once (and kept open, idle, between calls).
 LENT = 3
+# A connection idle for longer than this is checked before it is lent again.
+IDLE_CHECK_SECONDS = 1.0
 
 _lock = threading.Lock()
 _lent: set[BaseDatabaseWrapper] = set()
-_free: list[BaseDatabaseWrapper] = []
+_free: list[tuple[BaseDatabaseWrapper, float]] = []  # with when each came back
 # Connections inherited through fork: kept referenced so that the child never closes them.
 _inherited: list[BaseDatabaseWrapper] = []
 
@@ -42,7 +51,10 @@ def borrowed() -> Iterator[None]:
     if own in _lent:  # borrowed already, further up this thread's stack
         yield
         return
-    lent = _take() if own is None or own.connection is None else None
+    # A thread inside a transaction whose connection was closed must fail there, not write
+    # through a connection of its own that commits regardless.
+    lendable = own is None or (own.connection is None and not own.in_atomic_block)
+    lent = _take() if lendable else None
     if lent is None:
         with _closing_if_opened(connections[DEFAULT_DB_ALIAS]):
             yield
@@ -58,38 +70,56 @@ def borrowed() -> Iterator[None]:
         _give_back(lent)
 
 
+def close() -> None:
+    """Close the lent connections that are not out (each opens again when next borrowed)."""
+    with _lock:
+        for lent, _ in _free:
+            lent.close()
+
+
 def _own() -> BaseDatabaseWrapper | None:
     """This thread's connection object, if it has made one: a thread that never touched the
     database gets none made (Django builds a whole backend wrapper for each thread)."""
     return next((db for db in connections.all(initialized_only=True) if db.alias == DEFAULT_DB_ALIAS), None)
 
 
-def close() -> None:
-    """Close the lent connections that are not out (each opens again when next borrowed)."""
-    with _lock:
-        for lent in _free:
-            lent.close()
-
-
 def _take() -> BaseDatabaseWrapper | None:
     with _lock:
         if _free:
-            return _free.pop()
-        if len(_lent) >= LENT:
+            lent, returned_at = _free.pop()
+        elif len(_lent) < LENT:
+            lent, returned_at = _unpooled_wrapper(), time.monotonic()
+            _lent.add(lent)
+        else:
             return None
-        lent = connections.create_connection(DEFAULT_DB_ALIAS)
-        lent.inc_thread_sharing()  # used by one thread at a time: whichever borrowed it
-        _lent.add(lent)
-        return lent
+    if lent.connection is not None and (lent.errors_occurred or time.monotonic() - returned_at > IDLE_CHECK_SECONDS):
+        if lent.is_usable():
+            lent.errors_occurred = False
+        else:
+            lent.close()
+    return lent
+
+
+def _unpooled_wrapper() -> BaseDatabaseWrapper:
+    """A connection object for the default database that connects outside Django's pool."""
+    settings: dict[str, Any] = dict(connections.settings[DEFAULT_DB_ALIAS])
+    settings["OPTIONS"] = {key: value for key, value in settings["OPTIONS"].items() if key != "pool"}
+    lent: BaseDatabaseWrapper = load_backend(settings["ENGINE"]).DatabaseWrapper(settings, DEFAULT_DB_ALIAS)
+    lent.inc_thread_sharing()  # used by one thread at a time: whichever borrowed it
+    return lent
 
 
 def _give_back(lent: BaseDatabaseWrapper) -> None:
-    raw = lent.connection
-    if raw is not None and (raw.closed or raw.broken):
-        lent.close()  # lost during the block (the server restarted, say): the next borrower reopens it
-    with _lock:
-        if lent in _lent:  # not a connection inherited by a fork meanwhile
-            _free.append(lent)
+    try:
+        raw = lent.connection
+        if raw is not None and (raw.closed or raw.broken or raw.info.transaction_status != pq.TransactionStatus.IDLE):
+            # Lost during the block (the server restarted, say), or left in a transaction:
+            # the next borrower opens a new one.
+            lent.close()
+    finally:
+        with _lock:
+            if lent in _lent:  # not a connection inherited by a fork meanwhile
+                _free.append((lent, time.monotonic()))
 
 
 @contextlib.contextmanager

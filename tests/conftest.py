@@ -162,11 +162,11 @@ def redis_server(settings: Any) -> Iterator[RedisServer]:
     store.clear_caches()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _lent_connections_closed(django_db_setup: Any) -> Iterator[None]:
-    # Set up after the test database and torn down before it: the connections LangGraph's
-    # executor threads borrow (checkpoints.lent_connection) stay open between calls, and
-    # PostgreSQL does not drop a database that has a connection open.
+@pytest.fixture(autouse=True)
+def _lent_connections_closed() -> Iterator[None]:
+    # The connections LangGraph's executor threads borrow (checkpoints.lent_connection) stay
+    # open between calls: each test starts without them, as a new process does, and none is
+    # left open when the test database is dropped.
     yield
     from checkpoints import lent_connection
 

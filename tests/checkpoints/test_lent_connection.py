@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -44,12 +44,6 @@ def initialized_here() -> bool:
     return any(db.alias == DEFAULT_DB_ALIAS for db in connections.all(initialized_only=True))
 
 
-@pytest.fixture(autouse=True)
-def _lent_connections_closed() -> Iterator[None]:
-    yield
-    lent_connection.close()
-
-
 def test_threads_without_a_connection_borrow_the_same_open_one_and_leave_none_behind() -> None:
     def borrow() -> tuple[int, bool, bool]:
         with lent_connection.borrowed():
@@ -81,16 +75,15 @@ def test_a_thread_in_a_transaction_keeps_its_own_connection() -> None:
 
 
 def test_a_borrow_inside_a_borrow_keeps_the_connection_it_has() -> None:
-    def nested() -> tuple[int, int, int]:
+    def nested() -> tuple[int, int]:
         with lent_connection.borrowed():
-            outer = backend_pid()
-            with lent_connection.borrowed():
+            with lent_connection.borrowed():  # before the outer block has opened its connection
                 inner = backend_pid()
-            return outer, inner, backend_pid()
+            return inner, backend_pid()
 
-    outer, inner, after = in_thread(nested)
+    inner, outer = in_thread(nested)
 
-    assert outer == inner == after
+    assert inner == outer
 
 
 def test_when_every_lent_connection_is_out_a_thread_opens_its_own_and_closes_it() -> None:
@@ -143,20 +136,46 @@ def test_a_lent_connection_lost_during_a_block_is_reopened_for_the_next_borrower
     assert next_pid != lost_pid
 
 
+def test_a_lent_connection_that_died_while_idle_is_checked_and_reopened(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lent_connection, "IDLE_CHECK_SECONDS", 0.0)
+    idle_pid = in_thread(_borrowed_pid)
+    with connection.cursor() as cursor:  # the server restarts, a proxy drops idle sockets...
+        cursor.execute("SELECT pg_terminate_backend(%s)", [idle_pid])
+
+    next_pid = in_thread(_borrowed_pid)
+
+    assert next_pid != idle_pid
+
+
+def test_lent_connections_are_not_taken_from_the_pool() -> None:
+    def borrow() -> tuple[dict[str, Any], object]:
+        with lent_connection.borrowed():
+            backend_pid()
+            lent = connections[DEFAULT_DB_ALIAS]
+            return lent.settings_dict["OPTIONS"], getattr(lent, "pool", None)  # PostgreSQL's wrapper has it
+
+    options, pool = in_thread(borrow)
+
+    assert "pool" not in options and pool is None
+
+
 def _borrowed_pid() -> int:
     with lent_connection.borrowed():
         return backend_pid()
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_a_forked_child_neither_uses_nor_closes_the_connection_it_inherited() -> None:
+def test_a_forked_child_borrows_connections_of_its_own() -> None:
     parent_pid = in_thread(_borrowed_pid)
 
     child = os.fork()
-    if child == 0:  # the child: report through the exit code only
-        code = 0 if not lent_connection._lent and lent_connection._inherited else 1
+    if child == 0:  # the child: report through the exit code only, and never run pytest's exit
+        try:
+            code = 0 if in_thread(_borrowed_pid) != parent_pid else 1
+        except BaseException:
+            code = 2
         os._exit(code)
     _, status = os.waitpid(child, 0)
 
     assert os.waitstatus_to_exitcode(status) == 0
-    assert in_thread(_borrowed_pid) == parent_pid  # still open: the child did not close it
+    assert in_thread(_borrowed_pid) == parent_pid  # the parent's is still open and its own

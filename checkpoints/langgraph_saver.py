@@ -650,8 +650,9 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 if row is None and lg_id < known.lg_id:
                     row = self._row_of_writes(thread, (thread_id, checkpoint_ns, lg_id))
                 self._store_writes(thread, row, lg_id, task_id, task_path, encoded)
-            except IntegrityError:
-                # The remembered thread was deleted (or rebuilt) since: look it up again.
+            except (IntegrityError, psycopg.errors.ForeignKeyViolation):
+                # The remembered thread was deleted (or rebuilt) since: look it up again. The
+                # writes go in through psycopg's own cursor, so its exception is the one raised.
                 self._known.forget(thread_id, checkpoint_ns)
                 thread = None
         if thread is None:

@@ -331,3 +331,20 @@ def test_reading_the_newest_checkpoint_does_not_read_the_threads_older_writes() 
     assert read is not None and read.pending_writes is not None
     assert [write[1:] for write in read.pending_writes] == [("step", 119), ("note", "write 119")]
     assert after - before <= 4, f"the read looked at {after - before} of the thread's 240 writes"
+
+
+def test_writes_for_a_thread_deleted_behind_the_savers_back_go_to_the_thread_made_again() -> None:
+    saver = QuicksaveSaver()
+    graph = chat_graph(saver)
+    config: RunnableConfig = {"configurable": {"thread_id": "deleted-meanwhile"}}
+    graph.invoke({"messages": [user("hi")]}, config)
+    latest = saver.get_tuple(config)
+    assert latest is not None
+    QuicksaveSaver().delete_thread("deleted-meanwhile")  # another saver, another process...
+
+    saver.put_writes(latest.config, [("messages", [user("again")])], task_id="task-1")
+
+    written = saver.get_tuple(latest.config)
+    remade = quicksave_thread("deleted-meanwhile")
+    assert ToolResult.objects.filter(thread=remade).count() == 1
+    assert written is None  # its checkpoint went with the deleted thread

@@ -140,7 +140,7 @@ def write_tool(lg_id: str) -> str:
     return f"{WRITE_TOOL}:{lg_id}"
 
 
-def _releasing_connection(method: Callable[P, R]) -> Callable[P, R]:
+def _borrowing_connection(method: Callable[P, R]) -> Callable[P, R]:
     """Run the call on the process's lent connection when its thread has none open, else on
     the thread's own, given back at the end if the call opened it.
 
@@ -322,7 +322,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------------ reads
 
-    @_releasing_connection
+    @_borrowing_connection
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         configurable = config["configurable"]
         thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
@@ -364,7 +364,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         yield from self._list(config, filter=filter, before=before, limit=limit)
 
-    @_releasing_connection
+    @_borrowing_connection
     def _list(
         self,
         config: RunnableConfig | None,
@@ -447,7 +447,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------------ writes
 
-    @_releasing_connection
+    @_borrowing_connection
     def put(
         self,
         config: RunnableConfig,
@@ -626,7 +626,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             store.record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": None})
         return name
 
-    @_releasing_connection
+    @_borrowing_connection
     def put_writes(
         self,
         config: RunnableConfig,
@@ -650,9 +650,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 if row is None and lg_id < known.lg_id:
                     row = self._row_of_writes(thread, (thread_id, checkpoint_ns, lg_id))
                 self._store_writes(thread, row, lg_id, task_id, task_path, encoded)
-            except (IntegrityError, psycopg.errors.ForeignKeyViolation):
-                # The remembered thread was deleted (or rebuilt) since: look it up again. The
-                # writes go in through psycopg's own cursor, so its exception is the one raised.
+            except (IntegrityError, NotFound):
+                # The remembered thread was deleted (or rebuilt) since: look it up again.
                 self._known.forget(thread_id, checkpoint_ns)
                 thread = None
         if thread is None:
@@ -709,7 +708,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                     encode=self.to_json,
                 )  # fmt: skip
 
-    @_releasing_connection
+    @_borrowing_connection
     def delete_thread(self, thread_id: str) -> None:
         self._known.forget(str(thread_id))
         for thread in self._threads(thread_id, None):
@@ -717,7 +716,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     # ------------------------------------------------------------------ extended capabilities
 
-    @_releasing_connection
+    @_borrowing_connection
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every namespace of a thread, checkpoints and pending writes, under a new thread id."""
         self._known.forget(str(target_thread_id))
@@ -728,7 +727,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 assert target is not None
                 self._write_rows(target, self._rows(source, keep=None))
 
-    @_releasing_connection
+    @_borrowing_connection
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Remove the checkpoints (and their writes) that any of `run_ids` wrote."""
         if not run_ids:
@@ -743,7 +742,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             keep = set(Checkpoint.objects.filter(thread=thread).values_list("id", flat=True)) - by_thread[thread.pk]
             self._rebuild(thread, keep=keep)
 
-    @_releasing_connection
+    @_borrowing_connection
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """Keep only each namespace's latest checkpoint (`keep_latest`) or delete the threads (`delete`)."""
         if strategy not in ("keep_latest", "delete"):

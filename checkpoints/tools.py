@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from checkpoints import codec, crypto
-from checkpoints.errors import InvalidState
+from checkpoints.errors import InvalidState, NotFound
 from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
 
@@ -127,9 +127,14 @@ def _write(
     connection.ensure_connection()
     # Django's cursors bind parameters client-side, so the server would parse and plan the insert
     # on every call.
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_PUT_SQL, params, prepare=True)
-        return {key: row_id for row_id, key in cursor.fetchall()}
+    try:
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(_PUT_SQL, params, prepare=True)
+            return {key: row_id for row_id, key in cursor.fetchall()}
+    except psycopg.errors.ForeignKeyViolation:
+        # In autocommit the foreign keys are checked here, not at a commit of Django's: the
+        # thread, or the checkpoint the results belong to, was deleted after the caller read it.
+        raise NotFound(f"Thread {thread.pk} or the checkpoint the results belong to no longer exists.") from None
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:

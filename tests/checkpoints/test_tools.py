@@ -7,7 +7,7 @@ from django.db import connection
 
 from agents.models import Agent
 from checkpoints import store
-from checkpoints.errors import InvalidState
+from checkpoints.errors import InvalidState, NotFound
 from checkpoints.models import ToolResult
 from checkpoints.tools import add_tool_results, get_tool_result, put_tool_result, put_tool_results
 
@@ -73,3 +73,14 @@ def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_
     with pytest.raises(InvalidState, match="result"):
         add_tool_results(thread=thread, results=[("w:3", {"a": float("inf")})])
     assert not ToolResult.objects.filter(thread=thread, key="w:3").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_put_into_a_thread_deleted_meanwhile_is_not_found(agent: Agent) -> None:
+    thread, _ = store.create_thread(agent=agent)
+    store.delete_thread(thread)  # by another request, after this one read the thread
+
+    with pytest.raises(NotFound):
+        put_tool_result(thread=thread, key="late", result={"n": 1})
+
+    assert not ToolResult.objects.filter(thread_id=thread.pk).exists()

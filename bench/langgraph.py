@@ -28,10 +28,10 @@ Measures
   (``bench.quicksave_runs.TABLES``) plus ``checkpoints_toolresult``, which holds
   its pending writes, all emptied (``TRUNCATE``) before the run.
 
-Two reference runs need no database and bound what any saver could reach on this
-machine: LangGraph's own ``InMemorySaver``, and :class:`LatestOnlySaver`, which keeps
-the newest checkpoint of the thread in memory and nothing else -- the graph's own
-cost per step with a checkpointer attached.
+Two reference runs need no database: LangGraph's own ``InMemorySaver``, and
+``LatestOnlySaver`` (:func:`latest_only_saver`), which keeps the newest checkpoint of
+the thread in memory and nothing else -- the graph's own cost per step with a
+checkpointer attached, which no saver can beat.
 
 After each run the graph's own ``get_state`` must return every message, the
 final step and the final facts.  A table and ratio lines (with the targets:
@@ -176,50 +176,46 @@ def run_quicksave_saver(steps: int, seed: int = 7, durability: str | None = None
     )
 
 
-class LatestOnlySaver:
-    """A checkpointer that keeps the newest checkpoint it was given and drops everything else.
+def latest_only_saver() -> Any:
+    """``LatestOnlySaver``: a checkpointer that keeps the newest checkpoint it was given and
+    drops everything else.
 
     Not a saver anyone should use: a reference for the cost of LangGraph's own loop per step
     with a checkpointer attached (it still copies each checkpoint, as its savers must).
-    Built on first use, so importing this module needs no LangGraph.
+    Defined on first use, like every LangGraph import here.
     """
+    with quiet_langchain_warnings():
+        from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
-    @staticmethod
-    def build() -> Any:
-        with quiet_langchain_warnings():
-            from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
+    class LatestOnlySaver(BaseCheckpointSaver):  # type: ignore[type-arg]
+        latest: CheckpointTuple | None = None
 
-        class _LatestOnly(BaseCheckpointSaver):  # type: ignore[type-arg]
-            def __init__(self) -> None:
-                super().__init__()
-                self.latest: CheckpointTuple | None = None
+        def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+            return self.latest
 
-            def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-                return self.latest
+        def put(self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            stored: RunnableConfig = {"configurable": {
+                "thread_id": config["configurable"]["thread_id"],
+                "checkpoint_ns": config["configurable"].get("checkpoint_ns", ""),
+                "checkpoint_id": checkpoint["id"],
+            }}  # fmt: skip
+            self.latest = CheckpointTuple(stored, copy_checkpoint(checkpoint), metadata, config, [])
+            return stored
 
-            def put(self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
-                stored: RunnableConfig = {"configurable": {
-                    "thread_id": config["configurable"]["thread_id"],
-                    "checkpoint_ns": config["configurable"].get("checkpoint_ns", ""),
-                    "checkpoint_id": checkpoint["id"],
-                }}  # fmt: skip
-                self.latest = CheckpointTuple(stored, copy_checkpoint(checkpoint), metadata, config, [])
-                return stored
+        def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
+            return None
 
-            def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
-                return None
-
-        return _LatestOnly()
+    return LatestOnlySaver()
 
 
 def run_in_memory(steps: int, seed: int = 7, durability: str | None = None, *, latest_only: bool = False) -> SaverRun:
-    """A reference run with no database: LangGraph's ``InMemorySaver``, or :class:`LatestOnlySaver`."""
+    """A reference run with no database: LangGraph's ``InMemorySaver``, or :func:`latest_only_saver`."""
     with quiet_langchain_warnings():
         from langgraph.checkpoint.memory import InMemorySaver
 
     work = list(workload(steps, seed))
     config: RunnableConfig = {"configurable": {"thread_id": THREAD_ID}}
-    saver = LatestOnlySaver.build() if latest_only else InMemorySaver()
+    saver = latest_only_saver() if latest_only else InMemorySaver()
     graph = build_graph(work, saver)
     t0, stamps = _drive(graph, work, config, durability)
     name = "LatestOnlySaver" if latest_only else "InMemorySaver"

@@ -12,7 +12,7 @@ from rest_framework.test import APIClient
 
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.models import Agent
-from checkpoints import store
+from checkpoints import lent_connection, store
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
 from tests.processes import REDIS_SERVER, RedisServer
@@ -168,6 +168,4 @@ def _lent_connections_closed() -> Iterator[None]:
     # open between calls: each test starts without them, as a new process does, and none is
     # left open when the test database is dropped.
     yield
-    from checkpoints import lent_connection
-
     lent_connection.close()

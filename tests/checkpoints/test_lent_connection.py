@@ -164,7 +164,6 @@ def _borrowed_pid() -> int:
         return backend_pid()
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_a_forked_child_borrows_connections_of_its_own() -> None:
     parent_pid = in_thread(_borrowed_pid)
 

@@ -28,10 +28,14 @@ Measures
   (``bench.quicksave_runs.TABLES``) plus ``checkpoints_toolresult``, which holds
   its pending writes, all emptied (``TRUNCATE``) before the run.
 
-Two reference runs need no database: LangGraph's own ``InMemorySaver``, and
-``LatestOnlySaver`` (:func:`latest_only_saver`), which keeps the newest checkpoint of
-the thread in memory and nothing else -- the graph's own cost per step with a
-checkpointer attached, which no saver can beat.
+Three reference runs store no state in the database. Two need no database at all:
+LangGraph's own ``InMemorySaver``, and ``LatestOnlySaver`` (:func:`latest_only_saver`),
+which keeps the newest checkpoint of the thread in memory and nothing else -- the graph's
+own cost per step with a checkpointer attached, which no saver can beat. The third,
+``CommitOnlySaver`` (:func:`commit_only_saver`), is ``LatestOnlySaver`` plus one committed
+INSERT of ids only for every ``put`` and every ``put_writes``: the durable floor, what the
+commits LangGraph asks a saver for cost by themselves, which no saver that commits each
+call can beat (the counterpart of ``bench/checkpoint_store.py``'s floor).
 
 After each run the graph's own ``get_state`` must return every message, the
 final step and the final facts.  A table and ratio lines (with the targets:
@@ -42,10 +46,12 @@ PostgresSaver) are printed; the very last line is one JSON object.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
 import re
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -182,8 +188,39 @@ def latest_only_saver() -> Any:
 
     Not a saver anyone should use: a reference for the cost of LangGraph's own loop per step
     with a checkpointer attached (it still copies each checkpoint, as its savers must).
-    Defined on first use, like every LangGraph import here.
     """
+    latest_only, _ = _reference_savers()
+    return latest_only()
+
+
+def commit_only_saver(conn: psycopg.Connection[Any]) -> Any:
+    """``CommitOnlySaver``: :func:`latest_only_saver` plus one committed INSERT of ids only
+    (no state, no written values) on ``conn`` for every ``put`` and every ``put_writes``.
+
+    Not a saver anyone should use: the durable floor of this graph. A saver that commits
+    what each call hands it pays at least this; everything it stores costs on top.
+    ``conn`` must be in autocommit; LangGraph's threads share it under a lock, as they
+    share PostgresSaver's connection.
+    """
+    _, commit_only = _reference_savers()
+    return commit_only(conn)
+
+
+COMMIT_ONLY_DDL = """
+CREATE TABLE bench_commit_only (
+    id bigserial PRIMARY KEY,
+    call text NOT NULL,
+    thread_id text NOT NULL,
+    checkpoint_id text NOT NULL,
+    task_id text,
+    created_at timestamptz DEFAULT now()
+)
+"""
+
+
+@functools.cache
+def _reference_savers() -> tuple[type[Any], type[Any]]:
+    """The reference saver classes, defined on first use like every LangGraph import here."""
     with quiet_langchain_warnings():
         from langgraph.checkpoint.base import BaseCheckpointSaver, CheckpointTuple, copy_checkpoint
 
@@ -205,7 +242,29 @@ def latest_only_saver() -> Any:
         def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
             return None
 
-    return LatestOnlySaver()
+    class CommitOnlySaver(LatestOnlySaver):
+        def __init__(self, conn: psycopg.Connection[Any]) -> None:
+            super().__init__()
+            self._conn = conn
+            self._lock = threading.Lock()
+
+        def put(self, config: RunnableConfig, checkpoint: Any, metadata: Any, new_versions: Any) -> Any:
+            stored = super().put(config, checkpoint, metadata, new_versions)
+            self._commit("put", config, checkpoint["id"], None)
+            return stored
+
+        def put_writes(self, config: RunnableConfig, writes: Any, task_id: str, task_path: str = "") -> None:
+            self._commit("put_writes", config, config["configurable"]["checkpoint_id"], task_id)
+
+        def _commit(self, call: str, config: RunnableConfig, checkpoint_id: str, task_id: str | None) -> None:
+            thread_id = str(config["configurable"]["thread_id"])
+            with self._lock:  # autocommit: one committed transaction, one round trip
+                self._conn.execute(
+                    "INSERT INTO bench_commit_only (call, thread_id, checkpoint_id, task_id) VALUES (%s, %s, %s, %s)",
+                    (call, thread_id, checkpoint_id, task_id),
+                )
+
+    return LatestOnlySaver, CommitOnlySaver
 
 
 def run_in_memory(steps: int, seed: int = 7, durability: str | None = None, *, latest_only: bool = False) -> SaverRun:
@@ -213,12 +272,27 @@ def run_in_memory(steps: int, seed: int = 7, durability: str | None = None, *, l
     with quiet_langchain_warnings():
         from langgraph.checkpoint.memory import InMemorySaver
 
+    saver = latest_only_saver() if latest_only else InMemorySaver()
+    return _reference_run("LatestOnlySaver" if latest_only else "InMemorySaver", saver, steps, seed, durability)
+
+
+def run_commit_only(steps: int, seed: int = 7, durability: str | None = None) -> SaverRun:
+    """The durable-floor reference: :func:`commit_only_saver` on a freshly created table."""
+    with psycopg.connect(ensure_bench_database(), autocommit=True) as conn:
+        conn.execute("DROP TABLE IF EXISTS bench_commit_only")
+        conn.execute(COMMIT_ONLY_DDL)
+        run = _reference_run("CommitOnlySaver", commit_only_saver(conn), steps, seed, durability)
+        row = conn.execute("SELECT count(*) FROM bench_commit_only").fetchone()
+    assert row is not None
+    run.extra["commits"] = int(row[0])
+    return run
+
+
+def _reference_run(name: str, saver: Any, steps: int, seed: int, durability: str | None) -> SaverRun:
     work = list(workload(steps, seed))
     config: RunnableConfig = {"configurable": {"thread_id": THREAD_ID}}
-    saver = latest_only_saver() if latest_only else InMemorySaver()
     graph = build_graph(work, saver)
     t0, stamps = _drive(graph, work, config, durability)
-    name = "LatestOnlySaver" if latest_only else "InMemorySaver"
     _verify(graph, work, config, name)
     return SaverRun(
         name=name, steps=steps, cps=steps / (stamps[-1] - t0), total_bytes=0, checkpoint_rows=0,
@@ -328,7 +402,10 @@ def ratio_lines(quicksave: SaverRun, postgres: SaverRun) -> list[str]:
 
 def reference_lines(references: Sequence[SaverRun], quicksave: SaverRun, postgres: SaverRun) -> list[str]:
     """How the savers' rates compare with the database-free references."""
-    lines = ["reference runs without a database (LatestOnlySaver: no checkpointer can make a step cheaper):"]
+    lines = [
+        "reference runs that store no state (LatestOnlySaver: no checkpointer makes a step cheaper;"
+        " CommitOnlySaver: none that commits each call does):"
+    ]
     for ref in references:
         lines.append(
             f"  {ref.name}: {ref.cps:,.1f} steps/s, {ref.cps / postgres.cps:.2f}x PostgresSaver;"
@@ -343,7 +420,11 @@ def summary(quicksave: SaverRun, postgres: SaverRun, references: Sequence[SaverR
     by_name = {ref.name: ref for ref in references}
     reference_cps = {
         key: round(by_name[name].cps, 1)
-        for key, name in (("in_memory_saver_cps", "InMemorySaver"), ("latest_only_saver_cps", "LatestOnlySaver"))
+        for key, name in (
+            ("in_memory_saver_cps", "InMemorySaver"),
+            ("latest_only_saver_cps", "LatestOnlySaver"),
+            ("commit_only_saver_cps", "CommitOnlySaver"),
+        )
         if name in by_name
     }
     return {
@@ -371,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="LangGraph durability mode for both savers (default: LangGraph's own default)",
     )
-    parser.add_argument("--no-reference", action="store_true", help="skip the two reference runs that use no database")
+    parser.add_argument("--no-reference", action="store_true", help="skip the three reference runs that store no state")
     args = parser.parse_args(argv)
     if args.steps < 2:
         parser.error(f"--steps must be >= 2, got {args.steps}")
@@ -394,6 +475,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.no_reference:
         for latest_only in (False, True):
             references.append(run_in_memory(args.steps, args.seed, args.durability, latest_only=latest_only))
+        settle()
+        references.append(run_commit_only(args.steps, args.seed, args.durability))
     print(format_table([*runs, *references]))
     for text in ratio_lines(quicksave, postgres):
         print(text)

@@ -10,7 +10,6 @@ import hashlib
 import hmac
 import json
 import struct
-import threading
 import zlib
 from functools import lru_cache
 from typing import Any
@@ -21,6 +20,7 @@ import zstandard
 from django.conf import settings
 
 from checkpoints.jsonpatch import canonical_json, json_depth
+from checkpoints.pool import Pool
 
 RAW = b"\x00"
 ZLIB = b"\x01"
@@ -73,7 +73,8 @@ def check_depth(value: Any, *, base: int = 0) -> None:
 def encode(canonical: bytes) -> bytes:
     """Frame canonical JSON bytes for storage: zstd-compressed when that pays, else as they are."""
     if len(canonical) >= COMPRESS_FROM:
-        packed = _compressor().compress(canonical)
+        with _compressors.taken() as compressor:
+            packed = compressor.compress(canonical)
         if len(packed) < len(canonical):
             return ZSTD + packed
     return RAW + canonical
@@ -85,7 +86,8 @@ def unframe(blob: bytes | memoryview) -> bytes:
     tag = bytes(view[:1])
     if tag == ZSTD:
         try:
-            return _decompressor().decompress(view[1:])
+            with _decompressors.taken() as decompressor:
+                return decompressor.decompress(view[1:])
         except zstandard.ZstdError as exc:
             raise ValueError(f"corrupt zstd payload: {exc}") from None
     if tag == ZLIB:
@@ -95,22 +97,10 @@ def unframe(blob: bytes | memoryview) -> bytes:
     return bytes(view[1:])
 
 
-# zstd's compressor and decompressor objects are not thread-safe: one pair per thread.
-_zstd = threading.local()
-
-
-def _compressor() -> zstandard.ZstdCompressor:
-    if not hasattr(_zstd, "compressor"):
-        _zstd.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
-    compressor: zstandard.ZstdCompressor = _zstd.compressor
-    return compressor
-
-
-def _decompressor() -> zstandard.ZstdDecompressor:
-    if not hasattr(_zstd, "decompressor"):
-        _zstd.decompressor = zstandard.ZstdDecompressor()
-    decompressor: zstandard.ZstdDecompressor = _zstd.decompressor
-    return decompressor
+# zstd's compressor and decompressor objects are not thread-safe: each is used by one thread
+# at a time, and reused by the next (making a context costs several times a small frame).
+_compressors = Pool(lambda: zstandard.ZstdCompressor(level=ZSTD_LEVEL))
+_decompressors = Pool(zstandard.ZstdDecompressor)
 
 
 def dumps(value: Any) -> bytes:

@@ -23,7 +23,6 @@ Django's query log does not see the statement.
 from __future__ import annotations
 
 import re
-import threading
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -33,6 +32,8 @@ import psycopg
 from psycopg import abc, errors, generators, pq
 from psycopg.adapt import AdaptersMap, PyFormat, Transformer
 from psycopg.types.numeric import Int8BinaryDumper
+
+from checkpoints.pool import Pool
 
 Row = tuple[bytes | None, ...]
 # SQLSTATE invalid_sql_statement_name: the statement is not prepared on this connection.
@@ -95,9 +96,8 @@ class Statement:
         # call's values dumped to that matched them (most calls dump to the very same).
         self._param_types: tuple[int, ...] | None = None
         self._matching: tuple[int, ...] | None = None
-        # A transformer keeps the dumpers it found for each parameter, and the types and
-        # formats of the values it bound last: one per thread.
-        self._local = threading.local()
+        # A transformer keeps the dumpers it found for each parameter: one per concurrent call.
+        self._transformers: Pool[abc.Transformer] = Pool(lambda: Transformer(_binding))
 
     @contextmanager
     def sent(self, conn: psycopg.Connection[Any], params: Mapping[str, Any]) -> Iterator[Reply]:
@@ -110,25 +110,19 @@ class Statement:
         """
         if not conn.autocommit:
             raise psycopg.ProgrammingError("Statement.sent runs a statement of its own: use it in autocommit.")
-        transformer = self._transformer()
-        values = transformer.dump_sequence([params[name] for name in self._names], self._formats)
-        formats = transformer.formats
+        with self._transformers.taken() as transformer:
+            values = transformer.dump_sequence([params[name] for name in self._names], self._formats)
+            types, formats = transformer.types, transformer.formats  # new lists each bind
         with conn.lock:
             if conn not in self._prepared_on:
                 self._prepare(conn)
-            self._check_types(transformer.types)
+            self._check_types(types)
             self._send(conn, values, formats)
         reply = Reply(conn, resend=lambda: self._resend(conn, values, formats))
         try:
             yield reply
         finally:
             reply.wait()
-
-    def _transformer(self) -> abc.Transformer:
-        transformer: abc.Transformer | None = getattr(self._local, "transformer", None)
-        if transformer is None:
-            transformer = self._local.transformer = Transformer(_binding)
-        return transformer
 
     def _prepare(self, conn: psycopg.Connection[Any]) -> None:
         conn.pgconn.send_prepare(self._name, self._sql)

@@ -8,6 +8,7 @@ import json
 import math
 import random
 import struct
+import threading
 import zlib
 from typing import Any
 from uuid import UUID
@@ -143,3 +144,28 @@ def test_a_large_state_is_stored_as_zstd_and_reads_back_cold(agent: Agent, encry
     crypto.forget_keys()
 
     assert store.state_at(first) == state
+
+
+def test_frames_written_on_threads_that_come_one_after_another_share_one_compressor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # LangGraph starts new executor threads for every run: a zstd context per thread would be
+    # made for nearly every checkpoint.
+    made: list[zstandard.ZstdCompressor] = []
+    make = zstandard.ZstdCompressor
+
+    def counted(**kwargs: Any) -> zstandard.ZstdCompressor:
+        made.append(compressor := make(**kwargs))
+        return compressor
+
+    monkeypatch.setattr(zstandard, "ZstdCompressor", counted)
+    payload = b"a checkpoint's delta, long enough to compress. " * 20
+    frames: list[bytes] = []
+    for _ in range(4):
+        thread = threading.Thread(target=lambda: frames.append(codec.encode(payload)))
+        thread.start()
+        thread.join()
+
+    assert [codec.unframe(frame) for frame in frames] == [payload] * 4
+    assert frames[0].startswith(codec.ZSTD)
+    assert len(made) <= 1  # none when an earlier test left one free

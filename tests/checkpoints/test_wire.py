@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import threading
 import weakref
+from typing import Any
 
 import psycopg
 import pytest
@@ -163,3 +165,34 @@ def test_a_statement_already_prepared_under_its_name_on_the_connection_is_used()
         cursor.execute("PREPARE test_wire_adopted AS SELECT $1::bigint + 1")
     with ADOPTED.sent(psycopg_connection(), {"n": 41}) as reply:
         assert reply.rows() == [(b"42",)]
+
+
+def test_calls_from_threads_that_come_one_after_another_bind_with_one_transformer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # LangGraph starts new executor threads for every run: a binder per thread would be made per call.
+    statement = wire.Statement.named("test_wire_threads", "SELECT %(n)s::bigint * 2")
+    made: list[object] = []
+    make = wire.Transformer
+
+    def counted(*args: Any) -> Any:
+        made.append(transformer := make(*args))
+        return transformer
+
+    monkeypatch.setattr(wire, "Transformer", counted)
+    answers: list[list[tuple[bytes, ...]]] = []
+
+    def call(n: int) -> None:
+        try:
+            with statement.sent(psycopg_connection(), {"n": n}) as reply:
+                answers.append(reply.rows())
+        finally:
+            connection.close()  # this thread's own
+
+    for n in range(4):
+        thread = threading.Thread(target=call, args=(n,))
+        thread.start()
+        thread.join()
+
+    assert answers == [[(str(2 * n).encode(),)] for n in range(4)]
+    assert len(made) == 1

@@ -401,7 +401,7 @@ def ratio_lines(quicksave: SaverRun, postgres: SaverRun) -> list[str]:
 
 
 def reference_lines(references: Sequence[SaverRun], quicksave: SaverRun, postgres: SaverRun) -> list[str]:
-    """How the savers' rates compare with the database-free references."""
+    """How the savers' rates compare with the references that store no state."""
     lines = [
         "reference runs that store no state (LatestOnlySaver: no checkpointer makes a step cheaper;"
         " CommitOnlySaver: none that commits each call does):"

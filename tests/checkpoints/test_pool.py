@@ -12,7 +12,12 @@ from checkpoints.pool import Pool
 
 def test_threads_that_come_one_after_another_reuse_one_object() -> None:
     made: list[object] = []
-    pool: Pool[object] = Pool(lambda: made.append(object()) or made[-1])
+
+    def make() -> object:
+        made.append(object())
+        return made[-1]
+
+    pool: Pool[object] = Pool(make)
     used: list[object] = []
 
     def use() -> None:

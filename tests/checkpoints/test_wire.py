@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg.adapt import Transformer
 
 from agents.models import Agent
 from checkpoints import live, store, wire
@@ -173,14 +174,13 @@ def test_calls_from_threads_that_come_one_after_another_bind_with_one_transforme
     # LangGraph starts new executor threads for every run: a binder per thread would be made per call.
     statement = wire.Statement.named("test_wire_threads", "SELECT %(n)s::bigint * 2")
     made: list[object] = []
-    make = wire.Transformer
 
     def counted(*args: Any) -> Any:
-        made.append(transformer := make(*args))
+        made.append(transformer := Transformer(*args))
         return transformer
 
     monkeypatch.setattr(wire, "Transformer", counted)
-    answers: list[list[tuple[bytes, ...]]] = []
+    answers: list[list[tuple[bytes | None, ...]]] = []
 
     def call(n: int) -> None:
         try:

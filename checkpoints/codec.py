@@ -73,8 +73,11 @@ def check_depth(value: Any, *, base: int = 0) -> None:
 def encode(canonical: bytes) -> bytes:
     """Frame canonical JSON bytes for storage: zstd-compressed when that pays, else as they are."""
     if len(canonical) >= COMPRESS_FROM:
-        with _compressors.taken() as compressor:
+        compressor = _compressors.take()
+        try:
             packed = compressor.compress(canonical)
+        finally:
+            _compressors.give_back(compressor)
         if len(packed) < len(canonical):
             return ZSTD + packed
     return RAW + canonical
@@ -86,8 +89,11 @@ def unframe(blob: bytes | memoryview) -> bytes:
     tag = bytes(view[:1])
     if tag == ZSTD:
         try:
-            with _decompressors.taken() as decompressor:
+            decompressor = _decompressors.take()
+            try:
                 return decompressor.decompress(view[1:])
+            finally:
+                _decompressors.give_back(decompressor)
         except zstandard.ZstdError as exc:
             raise ValueError(f"corrupt zstd payload: {exc}") from None
     if tag == ZLIB:

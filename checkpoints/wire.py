@@ -110,9 +110,12 @@ class Statement:
         """
         if not conn.autocommit:
             raise psycopg.ProgrammingError("Statement.sent runs a statement of its own: use it in autocommit.")
-        with self._transformers.taken() as transformer:
+        transformer = self._transformers.take()
+        try:
             values = transformer.dump_sequence([params[name] for name in self._names], self._formats)
             types, formats = transformer.types, transformer.formats  # new lists each bind
+        finally:
+            self._transformers.give_back(transformer)
         with conn.lock:
             if conn not in self._prepared_on:
                 self._prepare(conn)

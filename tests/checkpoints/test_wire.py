@@ -37,6 +37,7 @@ DIVIDE = wire.Statement.named("test_wire_divide", "SELECT 1 / %(n)s::bigint")
 SCALE = wire.Statement.named("test_wire_scale", "SELECT %(x)s::float8 * 2, %(label)s::text")
 SET = wire.Statement.named("test_wire_set", "SET application_name = 'test_wire'")
 ADOPTED = wire.Statement.named("test_wire_adopted", "SELECT %(n)s::bigint + 1")
+DOUBLE = wire.Statement.named("test_wire_double", "SELECT %(n)s::bigint * 2")  # only its test binds it
 
 
 def test_a_named_parameter_used_twice_is_one_placeholder() -> None:
@@ -172,7 +173,6 @@ def test_calls_from_threads_that_come_one_after_another_bind_with_one_transforme
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # LangGraph starts new executor threads for every run: a binder per thread would be made per call.
-    statement = wire.Statement.named("test_wire_threads", "SELECT %(n)s::bigint * 2")
     made: list[object] = []
 
     def counted(*args: Any) -> Any:
@@ -184,7 +184,7 @@ def test_calls_from_threads_that_come_one_after_another_bind_with_one_transforme
 
     def call(n: int) -> None:
         try:
-            with statement.sent(psycopg_connection(), {"n": n}) as reply:
+            with DOUBLE.sent(psycopg_connection(), {"n": n}) as reply:
                 answers.append(reply.rows())
         finally:
             connection.close()  # this thread's own

@@ -5,12 +5,19 @@ Usage (from /work/main)::
     .venv/bin/python bench/checkpoint_store.py                # sizes 100 and 1000
     .venv/bin/python bench/checkpoint_store.py --steps 1000
     .venv/bin/python bench/checkpoint_store.py --steps 100,1000 --steps 5000
+    .venv/bin/python bench/checkpoint_store.py --steps 1000 --rounds 5
 
 Every contender runs in this one process against one PostgreSQL server, inside
 the dedicated database ``quicksave_bench`` (see :mod:`bench.peers` for the
 workload, the measures and how the server is chosen).  For each size a table
 is printed, followed by ratio lines; the very last line printed is one JSON
 object with the figures for the largest size, for CI and the README.
+
+The floor and Quicksave's runs take a second or two each, and this machine's speed swings
+by a fifth from one minute to the next, so a single run of each can land in a fast minute
+for one and a slow one for the other. They run ``--rounds`` times (3 by default), taking
+turns, and each reports its median round, with every round's rate printed beside it.
+LangGraph's run takes minutes and leaves hundreds of MiB of WAL behind: it runs once, last.
 
 Quicksave's contenders (store by patch, store by full state, HTTP) live in
 :mod:`bench.quicksave_runs`.
@@ -48,6 +55,7 @@ from bench.peers import (  # noqa: E402
 from bench.quicksave_runs import run_quicksave  # noqa: E402
 
 DEFAULT_SIZES: tuple[int, ...] = (100, 1000)
+DEFAULT_ROUNDS = 3
 
 
 Runner = Callable[[int], list[Result]]
@@ -59,6 +67,8 @@ CONTENDERS: tuple[tuple[str, Runner], ...] = (
     ("quicksave", run_quicksave),
     ("langgraph", lambda steps: [run_langgraph(steps)]),
 )
+# The contenders that run once, after every round of the others.
+RUN_ONCE = frozenset({"langgraph"})
 
 
 def parse_sizes(values: Sequence[str] | None) -> list[int]:
@@ -78,15 +88,33 @@ def parse_sizes(values: Sequence[str] | None) -> list[int]:
     return sorted(sizes)
 
 
-def run_size(steps: int, only: set[str] | None = None) -> list[Result]:
-    """Run every contender (or those in `only`) at one size."""
-    results: list[Result] = []
-    for label, runner in CONTENDERS:
-        if only and label not in only:
-            continue
-        settle()
-        results.extend(runner(steps))
+def run_size(steps: int, only: set[str] | None = None, rounds: int = 1) -> list[Result]:
+    """Run every contender (or those in `only`) at one size: those not in RUN_ONCE `rounds`
+    times, taking turns, each giving its median round; then those in RUN_ONCE."""
+    chosen = [(label, runner) for label, runner in CONTENDERS if not only or label in only]
+    repeated = [(label, runner) for label, runner in chosen if label not in RUN_ONCE]
+    runs: dict[str, list[Result]] = {}
+    for _ in range(rounds):
+        for _, runner in repeated:
+            settle()
+            for result in runner(steps):
+                runs.setdefault(result.name, []).append(result)
+    results = [median_round(rounds_run) for rounds_run in runs.values()]
+    for label, runner in chosen:
+        if label in RUN_ONCE:
+            settle()
+            results.extend(runner(steps))
     return results
+
+
+def median_round(rounds: Sequence[Result]) -> Result:
+    """The round with the median rate (the slower of the middle two for an even count), noting
+    every round's rate in its extra figures as `cps_rounds`."""
+    ranked = sorted(rounds, key=lambda result: result.cps)
+    median = ranked[(len(ranked) - 1) // 2]
+    if len(rounds) > 1:
+        median.extra["cps_rounds"] = [round(result.cps, 1) for result in rounds]
+    return median
 
 
 def _compare(value: float, base: float, *, higher_is_better: bool, good: str, bad: str) -> str:
@@ -158,9 +186,12 @@ def _key(name: str) -> str:
     return re.sub(r"[^0-9a-zA-Z]+", "_", name).strip("_").lower()
 
 
-def summary(steps: int, results: Sequence[Result], smallest: Sequence[Result] = ()) -> dict[str, Any]:
-    """The final JSON object: figures of every contender at the largest size."""
-    out: dict[str, Any] = {"steps": steps}
+def summary(
+    steps: int, results: Sequence[Result], smallest: Sequence[Result] = (), *, rounds: int = 1
+) -> dict[str, Any]:
+    """The final JSON object: figures of every contender at the largest size (the median round
+    of each repeated one)."""
+    out: dict[str, Any] = {"steps": steps, "rounds": rounds}
     by_name = {r.name: r for r in results}
     qs = by_name.get("quicksave")
     http = by_name.get("quicksave_http")
@@ -188,6 +219,8 @@ def summary(steps: int, results: Sequence[Result], smallest: Sequence[Result] = 
         out[f"{k}_latest_read_ms"] = _figure(r.latest_read_ms, 3)
         out[f"{k}_state_at_ms"] = _figure(r.state_at_ms, 3)
         out[f"{k}_history_ms"] = _figure(r.history_ms, 3)
+        if "cps_rounds" in r.extra:
+            out[f"{k}_cps_rounds"] = r.extra["cps_rounds"]
     return out
 
 
@@ -211,7 +244,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         choices=[label for label, _ in CONTENDERS],
         help="run only these contenders (repeatable); default: all",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=DEFAULT_ROUNDS,
+        metavar="N",
+        help=f"runs of the floor and of Quicksave's contenders, taking turns; each reports its median "
+        f"round (default: {DEFAULT_ROUNDS}; LangGraph runs once)",
+    )
     args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         sizes = parse_sizes(args.steps)
     except (ValueError, argparse.ArgumentTypeError) as exc:
@@ -226,14 +269,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     all_results: dict[int, list[Result]] = {}
     for steps in sizes:
         print(f"\n== {steps} steps ==", flush=True)
-        results = run_size(steps, set(args.only or []))
+        results = run_size(steps, set(args.only or []), args.rounds)
         all_results[steps] = results
         print_table(results)
         for line in ratio_lines(results):
             print(line)
 
     largest = max(sizes)
-    print(json.dumps(summary(largest, all_results[largest], all_results[min(sizes)]), allow_nan=False))
+    figures = summary(largest, all_results[largest], all_results[min(sizes)], rounds=args.rounds)
+    print(json.dumps(figures, allow_nan=False))
     return 0
 
 

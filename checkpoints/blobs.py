@@ -100,28 +100,30 @@ def offload(thread_id: UUID, value: Any, *, root: bool = True) -> tuple[Any, lis
     """`value` with every large string and object below the root replaced by a reference,
     each stored (once) in the blob storage; returns the new value and the references made."""
     refs: list[Ref] = []
-    return _offload(thread_id, value, refs, root=root)[0], refs
+    # The limit is read once: a snapshot's walk meets every string of the state, and a settings
+    # lookup for each made walking a 1,000-message state take 1.3 ms instead of 0.46.
+    return _offload(thread_id, value, refs, root=root, largest=limit())[0], refs
 
 
-def _offload(thread_id: UUID, value: Any, refs: list[Ref], *, root: bool) -> tuple[Any, int]:
+def _offload(thread_id: UUID, value: Any, refs: list[Ref], *, root: bool, largest: int) -> tuple[Any, int]:
     if isinstance(value, str):
         size = len(value) + 2
-        if not root and size > limit() and len(value.encode()) + 2 > limit():
+        if not root and size > largest and len(value.encode()) + 2 > largest:
             return _store(thread_id, value, refs), 60
         return value, size
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         size = 2
         for key, item in value.items():
-            out[key], item_size = _offload(thread_id, item, refs, root=False)
+            out[key], item_size = _offload(thread_id, item, refs, root=False, largest=largest)
             size += len(key) + 4 + item_size
-        if not root and size > limit():
+        if not root and size > largest:
             return _store(thread_id, out, refs), 60
         return out, size
     if isinstance(value, list):
         items, size = [], 2
         for item in value:
-            new, item_size = _offload(thread_id, item, refs, root=False)
+            new, item_size = _offload(thread_id, item, refs, root=False, largest=largest)
             items.append(new)
             size += item_size + 1
         return items, size
@@ -273,18 +275,19 @@ def large_values(thread_id: UUID, state: dict[str, Any]) -> tuple[dict[str, Any]
     """For pages: the state with each offloaded value replaced by a short placeholder, and the list
     of those values (path, digest, size, preview) for download links."""
     found: list[Shown] = []
+    largest = limit()
 
     def walk(value: Any, path: str, root: bool) -> Any:
         if isinstance(value, dict):
             out = {key: walk(item, f"{path}/{_escape(key)}", False) for key, item in value.items()}
-            if root or _approx_size(value) <= limit():
+            if root or _approx_size(value) <= largest:
                 return out
         elif isinstance(value, list):
             return [walk(item, f"{path}/{index}", False) for index, item in enumerate(value)]
-        elif not isinstance(value, str) or len(value) + 2 <= limit():
+        elif not isinstance(value, str) or len(value) + 2 <= largest:
             return value
         canonical = codec.to_canonical_bytes(value)
-        if len(canonical) <= limit():
+        if len(canonical) <= largest:
             return value
         shown = Shown(path or "/", hashlib.sha256(canonical).hexdigest(), len(canonical),
                       "string" if isinstance(value, str) else "object", _preview(value, canonical))  # fmt: skip

@@ -5,7 +5,7 @@ Usage (from /work/main)::
     .venv/bin/python bench/checkpoint_store.py                # sizes 100 and 1000
     .venv/bin/python bench/checkpoint_store.py --steps 1000
     .venv/bin/python bench/checkpoint_store.py --steps 100,1000 --steps 5000
-    .venv/bin/python bench/checkpoint_store.py --steps 1000 --rounds 5
+    .venv/bin/python bench/checkpoint_store.py --steps 1000 --rounds 9
 
 Every contender runs in this one process against one PostgreSQL server, inside
 the dedicated database ``quicksave_bench`` (see :mod:`bench.peers` for the
@@ -15,7 +15,7 @@ object with the figures for the largest size, for CI and the README.
 
 The floor and Quicksave's runs take a second or two each, and this machine's speed swings
 by a fifth from one minute to the next, so a single run of each can land in a fast minute
-for one and a slow one for the other. They run ``--rounds`` times (3 by default), taking
+for one and a slow one for the other. They run ``--rounds`` times (5 by default), taking
 turns, and each reports its median round, with every round's rate printed beside it.
 LangGraph's run takes minutes and leaves hundreds of MiB of WAL behind: it runs once, last.
 
@@ -55,7 +55,7 @@ from bench.peers import (  # noqa: E402
 from bench.quicksave_runs import run_quicksave  # noqa: E402
 
 DEFAULT_SIZES: tuple[int, ...] = (100, 1000)
-DEFAULT_ROUNDS = 3
+DEFAULT_ROUNDS = 5
 
 
 Runner = Callable[[int], list[Result]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import ipaddress
 import os
 from typing import Any
 
@@ -14,10 +15,16 @@ from checkpoints.models import Thread
 
 
 def client_address(request: HttpRequest | None) -> str | None:
-    """The caller's address as the server saw it (behind a proxy, configure it to set REMOTE_ADDR)."""
+    """The caller's address as the server saw it (behind a proxy, configure it to set REMOTE_ADDR),
+    or None when that is no IP address: a server that trusts a proxy's X-Forwarded-For takes
+    whatever the header says, and a made-up one must not fail the action it would audit."""
     if request is None:
         return None
-    return request.META.get("REMOTE_ADDR") or None
+    address = request.META.get("REMOTE_ADDR") or ""
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 def cli_actor_name() -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
+from checkpoints import codec
 from checkpoints.models import Branch, Checkpoint, Thread
 
 SUMMARY_DEFER = ("payload", "integrity")
@@ -63,21 +63,38 @@ def filter_threads(
 
 
 def parse_metadata_query(raw: str) -> dict[str, Any]:
-    """`q` is either a JSON object (containment) or `key:value` (value read as JSON when it parses)."""
+    """`q` is either a JSON object (containment) or `key:value` (value read as JSON when it parses).
+
+    Raises ValueError naming what `q` must be: besides its shape, nothing PostgreSQL's jsonb
+    cannot hold (NaN, Infinity, a NUL character, a lone surrogate), which would fail the query.
+    """
     raw = raw.strip()
     if raw.startswith("{"):
-        value = json.loads(raw)
+        value = codec.loads(raw)
         if not isinstance(value, dict):
             raise ValueError("a JSON object")
-        return value
+        return _storable(value)
     key, sep, text = raw.partition(":")
     if not sep or not key:
         raise ValueError("`key:value` or a JSON object")
     try:
-        parsed: Any = json.loads(text)
+        parsed: Any = codec.loads(text)
     except ValueError:
         parsed = text
-    return {key.strip(): parsed}
+    return _storable({key.strip(): parsed})
+
+
+_UNSTORABLE = "JSON that PostgreSQL can store: no NaN, Infinity, NUL character or lone surrogate"
+
+
+def _storable(query: dict[str, Any]) -> dict[str, Any]:
+    try:
+        canonical = codec.to_canonical_bytes(query)
+    except codec.EncodingError:
+        raise ValueError(_UNSTORABLE) from None
+    if b"\\u0000" in canonical:  # how canonical JSON writes a NUL character
+        raise ValueError(_UNSTORABLE)
+    return query
 
 
 THREAD_SORTS: dict[str, tuple[str, str]] = {

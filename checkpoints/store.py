@@ -22,6 +22,7 @@ import contextlib
 import functools
 import hmac
 import logging
+import math
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -277,9 +278,7 @@ def append_checkpoint(
         schema_version=schema_version, source=source,
     )  # fmt: skip
     parent_id = parent.pk if isinstance(parent, Checkpoint) else parent
-    parent_node = load_node(parent_id) if parent_id is not None else None
-    if parent_node is not None and parent_node.thread_id != thread.pk:
-        raise NotFound(f"Checkpoint {parent_id} is not in thread {thread.pk}.", detail={"field": "parent"})
+    parent_node = _parent_node(parent_id, thread=thread) if parent_id is not None else None
     branch_name = branch or (get_branch_name(parent_node.branch_id) if parent_node else MAIN_BRANCH)
     branch_id, fork_point_id = _branch(thread.pk, branch_name)
     same_branch = parent_node is not None and parent_node.branch_id == branch_id
@@ -325,18 +324,20 @@ def append_checkpoint(
     }  # fmt: skip
 
     if tool_results:
-        from checkpoints.tools import put_tool_result
+        from checkpoints.tools import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 
         for index, item in enumerate(tool_results):
             if (
                 not isinstance(item, dict)
                 or not isinstance(item.get("key"), str)
+                or not valid_key(item["key"])
                 or not isinstance(item.get("tool", ""), str)
+                or len(item.get("tool", "")) > MAX_TOOL_LENGTH
                 or "result" not in item
             ):
                 raise InvalidState(
-                    f"`tool_results[{index}]` must be an object with a string `key`, a `result` and "
-                    "optionally a string `tool`.",
+                    f"`tool_results[{index}]` must be an object with a `key` of 1 to {MAX_KEY_LENGTH} "
+                    f"characters, a `result` and optionally a `tool` of at most {MAX_TOOL_LENGTH}.",
                     detail={"field": "tool_results", "index": index},
                 )
 
@@ -361,6 +362,18 @@ def append_checkpoint(
         _cache.drop(checkpoint_id)
         raise
     return checkpoint
+
+
+def _parent_node(parent_id: UUID, *, thread: Thread) -> Node:
+    """The node of an append's parent. A checkpoint of another thread is refused in the very words
+    an unknown one is, so a caller cannot tell another agent's checkpoint ids from made-up ones."""
+    try:
+        node = load_node(parent_id)
+    except NotFound:
+        node = None
+    if node is None or node.thread_id != thread.pk:
+        raise NotFound(f"Checkpoint {parent_id} is not in thread {thread.pk}.", detail={"field": "parent"})
+    return node
 
 
 # One statement inserts the checkpoint, bumps the thread and logs the event, so a
@@ -628,15 +641,26 @@ def _checked_fields(
                 raise bad(f"model.{key}", "must be a short string.")
             fields[MODEL_FIELDS[key]] = value or ""
         for key in ("temperature", "top_p"):
-            value = model.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
-                raise bad(f"model.{key}", "must be a number.")
-            fields[MODEL_FIELDS[key]] = float(value) if value is not None else None
+            fields[MODEL_FIELDS[key]] = _finite_float(model.get(key), field=f"model.{key}")
         seed = model.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or abs(seed) >= 2**63):
             raise bad("model.seed", "must be a 64-bit integer.")
         fields["seed"] = seed
     return fields
+
+
+def _finite_float(value: Any, *, field: str) -> float | None:
+    """`value` as the double PostgreSQL stores (None stays None), refusing what is no number or
+    none a double holds: NaN, an infinity, an integer of 309 digits or more."""
+    if value is None:
+        return None
+    number = None
+    if not isinstance(value, bool) and isinstance(value, (int, float)):
+        with contextlib.suppress(OverflowError):
+            number = float(value)
+    if number is None or not math.isfinite(number):
+        raise InvalidState(f"`{field}` must be a finite number.", detail={"field": field})
+    return number
 
 
 def mac_fields(checkpoint: Checkpoint | _Row) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
 
 MAX_KEY_LENGTH = 128
+MAX_TOOL_LENGTH = 200  # ToolResult.tool's max_length
 
 
 def tool_key(tool: str, args: Any) -> str:
@@ -65,6 +66,7 @@ def put_tool_results(
 ) -> list[tuple[ToolResult, bool]]:
     """`put_tool_result` for several (key, result) pairs of one tool in one statement: all are
     checked before any is written, and each key keeps its first result."""
+    tool = _checked_tool(tool)
     rows = _sealed(thread, results)
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
     # The clock now, not now(): that is when the transaction began, which would date a
@@ -81,7 +83,7 @@ def put_tool_results(
             stored.append((existing[row.key], False))
             continue
         fresh = ToolResult(
-            id=inserted[row.key], thread_id=thread.pk, key=row.key, tool=tool[:200],
+            id=inserted[row.key], thread_id=thread.pk, key=row.key, tool=tool,
             result=codec.loads(row.canonical), checkpoint_id=checkpoint_id, created_at=created_at,
         )  # fmt: skip
         stored.append((fresh, True))
@@ -94,16 +96,35 @@ def add_tool_results(
     """`put_tool_results` for a caller that does not read the stored rows back (LangGraph's
     pending writes, two puts a step): how many keys were new."""
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    tool = _checked_tool(tool)
     rows = _sealed(thread, results)
     return len(_write(thread, rows, tool=tool, checkpoint_id=checkpoint_id, created_at=timezone.now()))
+
+
+def valid_key(key: str) -> bool:
+    """Whether `key` can name a cached result: 1 to MAX_KEY_LENGTH characters, no NUL (which
+    PostgreSQL's text cannot hold)."""
+    return 0 < len(key) <= MAX_KEY_LENGTH and "\x00" not in key
+
+
+def _checked_tool(tool: str) -> str:
+    if len(tool) > MAX_TOOL_LENGTH or "\x00" in tool:
+        raise InvalidState(
+            f"`tool` must be at most {MAX_TOOL_LENGTH} characters, none of them NUL.",
+            detail={"field": "tool", "limit": MAX_TOOL_LENGTH},
+        )
+    return tool
 
 
 def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]:
     """Each result checked, as canonical JSON and as stored (framed and sealed, bound to its key)."""
     rows: list[_Sealed] = []
     for key, result in results:
-        if not key or len(key) > MAX_KEY_LENGTH:
-            raise InvalidState(f"`key` must be 1 to {MAX_KEY_LENGTH} characters.", detail={"field": "key"})
+        if not valid_key(key):
+            raise InvalidState(
+                f"`key` must be 1 to {MAX_KEY_LENGTH} characters, none of them NUL.",
+                detail={"field": "key", "limit": MAX_KEY_LENGTH},
+            )
         try:
             canonical = codec.to_canonical_bytes(result)
             codec.check_depth(result)
@@ -121,7 +142,7 @@ def _write(
     if not rows:
         return {}
     params = {
-        "thread": thread.pk, "keys": [row.key for row in rows], "tool": tool[:200],
+        "thread": thread.pk, "keys": [row.key for row in rows], "tool": tool,
         "results": [row.sealed for row in rows], "checkpoint": checkpoint_id, "created_at": created_at,
     }  # fmt: skip
     connection.ensure_connection()
@@ -138,4 +159,6 @@ def _write(
 
 
 def get_tool_result(*, thread: Thread, key: str) -> ToolResult | None:
+    if not valid_key(key):
+        return None  # nothing can be stored under it
     return ToolResult.objects.filter(thread=thread, key=key).first()

@@ -9,10 +9,13 @@ import json
 import math
 import re
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
+from urllib import parse
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
+from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import Cursor, CursorPagination
@@ -20,7 +23,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from quicksave.errors import DomainError
+from quicksave.errors import PAYLOAD_TOO_LARGE, DomainError, payload_too_large
 
 
 def _reject_constant(name: str) -> Any:
@@ -72,7 +75,7 @@ class StrictJSONParser(BaseParser):
         request = (parser_context or {}).get("request")
         declared = str(request.META.get("CONTENT_LENGTH") or "") if request is not None else ""
         if declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge()  # refused before reading a byte
+            raise PayloadTooLarge()  # the ASGI entry point refuses it before reading; this covers the rest
         try:
             raw = stream.read(limit + 1) if stream is not None else b""
         except RequestDataTooBig:
@@ -135,13 +138,39 @@ class CursorPage(CursorPagination):
             raise exceptions.ValidationError({self.page_size_query_param: exc.detail}) from None
         return value
 
+    def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> list[Any] | None:
+        self._model = queryset.model  # what decode_cursor checks a cursor's position against
+        return super().paginate_queryset(queryset, request, view)
+
     def decode_cursor(self, request: Any) -> Cursor | None:
+        """The cursor `next` handed out, or a 400: DRF takes any base64 that decodes to nothing
+        for the first page, and filters by whatever position a made-up cursor carries."""
+        given = request.query_params.get(self.cursor_query_param)
         try:
-            return super().decode_cursor(request)
+            cursor = super().decode_cursor(request)
         except exceptions.NotFound:
+            cursor = None
+        if given is not None and (cursor is None or self._encoded(cursor) != given or not self._fits(cursor)):
             raise exceptions.ValidationError(
                 {self.cursor_query_param: ["Not a cursor this list handed out: follow `next` or leave it out."]}
-            ) from None
+            )
+        return cursor
+
+    def _encoded(self, cursor: Cursor) -> str | None:
+        """The cursor parameter of the link this cursor would be handed out in."""
+        query = parse.parse_qs(parse.urlsplit(self.encode_cursor(cursor)).query)
+        return query.get(self.cursor_query_param, [None])[0]
+
+    def _fits(self, cursor: Cursor) -> bool:
+        """Whether the cursor's position is a value of the field the list is ordered by."""
+        if cursor.position is None:
+            return True
+        field = self._model._meta.get_field(self.ordering[0].lstrip("-"))
+        try:
+            value = field.to_python(cursor.position)
+        except (DjangoValidationError, ValueError, OverflowError):
+            return False
+        return not isinstance(value, datetime) or value.tzinfo is not None
 
     def get_paginated_response(self, data: Any) -> Response:
         return Response({"results": data, "next": self.get_next_link()})
@@ -149,12 +178,12 @@ class CursorPage(CursorPagination):
 
 class PayloadTooLarge(exceptions.APIException):
     status_code = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
-    default_code = "payload_too_large"
+    default_code = PAYLOAD_TOO_LARGE
 
     def __init__(self) -> None:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        super().__init__(f"The request body is larger than {limit} bytes (QUICKSAVE_MAX_REQUEST_BYTES).")
-        self.extra = {"limit": limit}
+        error = payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+        super().__init__(error["message"])
+        self.extra = error["detail"]
 
 
 class Conflict(exceptions.APIException):

@@ -12,12 +12,15 @@ Static files are served by the app itself unless QUICKSAVE_SERVE_STATIC is off
 (set it off behind a reverse proxy or CDN that serves STATIC_ROOT).
 """
 
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from django.conf import settings
 from django.core.wsgi import get_wsgi_application
+
+from quicksave.errors import payload_too_large
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "quicksave.settings")
 django_wsgi_app = get_wsgi_application()
@@ -35,6 +38,21 @@ from django.contrib.staticfiles.handlers import StaticFilesHandler  # noqa: E402
 _request_threads = ThreadPoolExecutor(max_workers=settings.QUICKSAVE_HTTP_THREADS, thread_name_prefix="http")
 
 
+class _TooLarge(Exception):
+    """The request body grew past QUICKSAVE_MAX_REQUEST_BYTES while it was being read."""
+
+
+async def _refuse_too_large(send: Any) -> None:
+    """Answer 413 in the API's error format without reading (the rest of) the body."""
+    body = json.dumps({"error": payload_too_large(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)}).encode()
+    await send({
+        "type": "http.response.start", "status": 413,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                    (b"connection", b"close")],
+    })  # fmt: skip
+    await send({"type": "http.response.body", "body": body})
+
+
 class _PooledInstance(WsgiToAsgiInstance):
     """asgiref's WSGI adapter with three changes: the app runs on our pool of request threads,
     its response is closed as WSGI requires, and a response that is not streamed goes back to
@@ -44,7 +62,27 @@ class _PooledInstance(WsgiToAsgiInstance):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.async_send = send
-        await super().__call__(scope, receive, send)  # type: ignore[no-untyped-call]
+        # asgiref reads the whole body (to a temporary file past 64 KiB) before the app sees the
+        # request, so the parser's limit would only apply once a huge upload had been written out.
+        limit: int = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        declared = dict(scope.get("headers") or ()).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _refuse_too_large(send)
+            return
+        received = 0
+
+        async def capped_receive() -> Any:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:  # a chunked body, which declares no length
+                raise _TooLarge
+            return message
+
+        try:
+            await super().__call__(scope, capped_receive, send)  # type: ignore[no-untyped-call]
+        except _TooLarge:
+            await _refuse_too_large(send)
 
     async def run_wsgi_app(self, body: Any) -> None:
         for message in await self.respond(body):

@@ -16,3 +16,16 @@ class DomainError(Exception):
         super().__init__(message)
         self.message = message
         self.detail = detail or {}
+
+
+PAYLOAD_TOO_LARGE = "payload_too_large"
+
+
+def payload_too_large(limit: int) -> dict[str, Any]:
+    """The API's error for a request body past QUICKSAVE_MAX_REQUEST_BYTES, wherever it is refused:
+    by the ASGI entry point before reading it, or by the JSON parser."""
+    return {
+        "code": PAYLOAD_TOO_LARGE,
+        "message": f"The request body is larger than {limit} bytes (QUICKSAVE_MAX_REQUEST_BYTES).",
+        "detail": {"limit": limit},
+    }

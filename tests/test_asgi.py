@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -88,3 +90,58 @@ def test_request_threads_give_their_database_connection_back_after_each_request(
                     assert max(elapsed for _, elapsed in answers) < 5, answers
     finally:
         stop(server)
+
+
+def test_a_body_declared_past_the_limit_is_refused_before_a_byte_of_it_is_read(server_url: str) -> None:
+    """asgiref reads a whole body (to a temporary file) before the app runs: a declared 10 GB upload
+    is answered at once instead of after 10 GB, which the sender here never sends."""
+    host, port = server_url.removeprefix("http://").split(":")
+    head = (
+        b"POST /api/v1/threads/ HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 10000000000\r\n\r\n{}"
+    )
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(head)
+        answer = b""
+        while chunk := sock.recv(65536):  # the server closes the connection after answering
+            answer += chunk
+
+    status_line, _, rest = answer.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 413 Request Entity Too Large"
+    error = json.loads(rest.partition(b"\r\n\r\n")[2])["error"]
+    assert error["code"] == "payload_too_large"
+    assert error["detail"] == {"limit": 32 * 1024 * 1024}
+
+
+def test_a_chunked_body_past_the_limit_is_refused_once_it_crosses_it(settings: Any) -> None:
+    """A chunked body declares no length: reading stops at the first chunk past the limit."""
+    from quicksave.asgi import http_app
+
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 4096
+    chunks = [b"x" * 1024] * 10
+    read: list[int] = []
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        read.append(len(read))
+        return {"type": "http.request", "body": chunks[len(read) - 1], "more_body": len(read) < len(chunks)}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http", "method": "POST", "path": "/api/v1/threads/", "raw_path": b"/api/v1/threads/",
+        "query_string": b"", "headers": [(b"content-type", b"application/json"), (b"transfer-encoding", b"chunked")],
+        "server": ("127.0.0.1", 8000), "client": ("127.0.0.1", 50000), "scheme": "http", "http_version": "1.1",
+        "asgi": {"version": "3.0"},
+    }  # fmt: skip
+    asyncio.run(http_app(scope, receive, send))
+
+    assert len(read) == 5  # 5 KiB read, 4 KiB allowed: the other five chunks stay unread
+    assert sent[0]["status"] == 413
+    error = json.loads(sent[1]["body"])["error"]
+    assert error == {
+        "code": "payload_too_large",
+        "message": "The request body is larger than 4096 bytes (QUICKSAVE_MAX_REQUEST_BYTES).",
+        "detail": {"limit": 4096},
+    }

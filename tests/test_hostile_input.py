@@ -6,7 +6,9 @@ nesting, state size); this table covers the rest of the API surface and the tran
 
 from __future__ import annotations
 
+import base64
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -107,6 +109,14 @@ CASES: list[tuple[str, str, str, str | bytes, int, str, str]] = [
     ("a wait that is a word", "post", CLAIM, '{"wait": "soon"}', 400, "invalid", "wait"),
     ("a step past 32 bits", "post", CHECKPOINTS, '{"parent": null, "state": {}, "step": 9223372036854775808}', 422,
      "invalid_state", "step"),
+    ("a temperature no double holds", "post", CHECKPOINTS,
+     '{"parent": null, "state": {}, "model": {"temperature": 1' + "0" * 400 + "}}", 422, "invalid_state",
+     "model.temperature"),
+    ("a top_p no double holds", "post", CHECKPOINTS, '{"parent": null, "state": {}, "model": {"top_p": -' + "9" * 309
+     + "}}", 422, "invalid_state", "model.top_p"),
+    ("a cached tool name past 200 characters", "post", CHECKPOINTS,
+     '{"parent": null, "state": {}, "tool_results": [{"key": "k", "tool": "' + "t" * 201 + '", "result": 1}]}', 422,
+     "invalid_state", "200"),
     ("a checkpoint id that is not a UUID", "post", APPROVALS, '{"checkpoint": "abc", "action": "x"}', 400,
      "invalid", "checkpoint"),
     # Unknown fields are refused, not ignored.
@@ -208,3 +218,107 @@ def test_out_of_range_query_values_are_a_400(
 def test_hostile_list_filters_are_a_400(owner_client: APIClient, path: str, query: str, field: str) -> None:
     response = owner_client.get(f"{path}?{query}")
     assert field in assert_error(response, 400, "invalid")["message"]
+
+
+@pytest.mark.parametrize(
+    "q",
+    ["k:NaN", "k:Infinity", "k:-Infinity", "k:1e400", '{"k": NaN}', '{"k": 1e999}', 'k:"a\\u0000b"',
+     '{"k\\u0000": 1}', 'k:"\\ud800"', '{"k": "\\udc00"}'],
+)  # fmt: skip
+def test_a_metadata_filter_postgresql_cannot_hold_is_a_400(
+    world: dict[str, str], owner_client: APIClient, q: str
+) -> None:
+    response = owner_client.get(THREADS, {"q": q})
+    error = assert_error(response, 400, "invalid", "q")
+    assert "NaN, Infinity, NUL character or lone surrogate" in error["message"]
+
+
+def test_a_metadata_filter_that_postgresql_can_hold_still_filters(owner_client: APIClient, thread: Thread) -> None:
+    thread.metadata = {"k": 1.5, "n": "x"}
+    thread.save(update_fields=["metadata"])
+    found = owner_client.get(THREADS, {"q": "k:1.5"}).json()["results"]
+    assert [t["id"] for t in found] == [str(thread.pk)]
+    assert owner_client.get(THREADS, {"q": '{"n": "x"}'}).json()["results"][0]["id"] == str(thread.pk)
+
+
+def cursor(querystring: str) -> str:
+    return base64.b64encode(querystring.encode()).decode()
+
+
+@pytest.mark.parametrize("path", [THREADS, "/api/v1/approvals/"])
+@pytest.mark.parametrize(
+    "made_up",
+    [cursor("p=notadate"), cursor("p=0000-01-01"), cursor("p=2020-01-01 00:00:00"), cursor("p=a\x00b"),
+     cursor("r=1&p=9999-99-99"), "!!!", "enpa", cursor("o=0"), cursor("x=1")],
+)  # fmt: skip
+def test_a_made_up_cursor_is_a_400(world: dict[str, str], owner_client: APIClient, path: str, made_up: str) -> None:
+    response = owner_client.get(path, {"cursor": made_up})
+    assert "Not a cursor this list handed out" in assert_error(response, 400, "invalid", "cursor")["message"]
+
+
+def test_the_cursors_a_list_hands_out_still_page_through_it(owner_client: APIClient, agent: Any) -> None:
+    made = {str(store.create_thread(agent=agent, external_id=f"t{n}")[0].pk) for n in range(5)}
+    seen: list[str] = []
+    page = owner_client.get(THREADS, {"limit": 2}).json()
+    while True:
+        seen += [t["id"] for t in page["results"]]
+        if page["next"] is None:
+            break
+        page = owner_client.get(page["next"]).json()
+    assert len(seen) == 5 and set(seen) == made
+
+
+def test_a_tool_result_key_with_a_nul_is_not_found_and_cannot_be_stored(
+    world: dict[str, str], owner_client: APIClient
+) -> None:
+    path = f"/api/v1/threads/{world['thread']}/tool-results/a%00b/"
+    before = row_counts()
+
+    assert_error(owner_client.get(path), 404, "not_found")
+    response = owner_client.put(path, data='{"result": 1}', content_type="application/json")
+
+    error = assert_error(response, 422, "invalid_state", "NUL")
+    assert error["detail"] == {"field": "key", "limit": 128}
+    assert row_counts() == before
+
+
+def test_an_audited_action_from_an_address_that_is_no_ip_is_recorded_without_one(
+    world: dict[str, str], reviewer_client: APIClient
+) -> None:
+    # What a server that trusts a local proxy's X-Forwarded-For makes of `X-Forwarded-For: not-an-ip`.
+    response = reviewer_client.post(
+        DECIDE.format(**world), data='{"decision": "approve"}', content_type="application/json",
+        REMOTE_ADDR="not-an-ip",
+    )  # fmt: skip
+
+    assert response.status_code == 200, response.content
+    entry = AuditEntry.objects.get(target_type="approval")
+    assert entry.address is None
+
+
+def test_an_audited_action_records_the_callers_ip(world: dict[str, str], reviewer_client: APIClient) -> None:
+    response = reviewer_client.post(
+        DECIDE.format(**world), data='{"decision": "approve"}', content_type="application/json",
+        REMOTE_ADDR="2001:db8::1",
+    )  # fmt: skip
+
+    assert response.status_code == 200, response.content
+    assert AuditEntry.objects.get(target_type="approval").address == "2001:db8::1"
+
+
+def test_another_agents_checkpoint_as_parent_reads_as_an_unknown_one(
+    thread: Thread, other_agent: Any, owner_client: APIClient
+) -> None:
+    foreign_thread, _ = store.create_thread(agent=other_agent)
+    foreign = store.append_checkpoint(thread=foreign_thread, parent=None, state={"secret": 1})
+    unknown = uuid.uuid4()
+    path = CHECKPOINTS.format(thread=thread.pk)
+
+    def refusal(parent: uuid.UUID) -> dict[str, Any]:
+        body = json.dumps({"parent": str(parent), "state": {}})
+        return assert_error(owner_client.post(path, data=body, content_type="application/json"), 404, "not_found")
+
+    answers = [refusal(foreign.pk), refusal(unknown)]
+
+    assert answers[0]["message"].replace(str(foreign.pk), "X") == answers[1]["message"].replace(str(unknown), "X")
+    assert answers[0]["detail"] == answers[1]["detail"] == {"field": "parent"}

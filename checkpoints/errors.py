@@ -25,6 +25,15 @@ class StateTooLarge(StoreError):
     code = "state_too_large"
     status = 413
 
+    @classmethod
+    def stopped(cls, reason: object, *, field: str, limit: int) -> StateTooLarge:
+        """A patch stopped part-way (jsonpatch.PatchTooLarge, the `reason`): the state it was
+        building would pass `limit`, or building it would take more work than such a state."""
+        return cls(
+            f"The state would grow past its limit ({reason}); the limit is {limit} bytes (QUICKSAVE_MAX_STATE_BYTES).",
+            detail={"field": field, "limit": limit},
+        )
+
 
 class StaleParent(StoreError):
     """The parent is not the head of its branch any more: someone else wrote first."""

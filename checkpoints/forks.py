@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
@@ -28,8 +29,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
 from checkpoints import codec, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
-from checkpoints.errors import InvalidPatch, InvalidState, NotFound
-from checkpoints.jsonpatch import PatchError, apply_patch, validate_ops
+from checkpoints.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
+from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, validate_ops
 from checkpoints.langgraph_forks import langgraph_fork
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, Thread, ThreadStatus
 from quicksave.errors import DomainError
@@ -384,11 +385,14 @@ def _edited_state(checkpoint: Checkpoint, patch: Any) -> tuple[list[dict[str, An
         ops = validate_ops([] if patch is None else patch)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail={"field": "patch", "op": exc.index, "path": exc.path}) from None
-    base = store.load_node(checkpoint.pk).state  # integrity-checked; shared, and apply_patch copies on write
+    node = store.load_node(checkpoint.pk)  # integrity-checked; shared, and apply_patch copies on write
+    max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     try:
-        applied = apply_patch(base, ops)
+        applied = apply_patch(node.state, ops, limit=max_bytes - node.state_bytes)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail={"field": "patch", "op": exc.index, "path": exc.path}) from None
+    except PatchTooLarge as exc:
+        raise StateTooLarge.stopped(exc, field="patch", limit=max_bytes) from None
     except RecursionError:
         raise InvalidState("The edited state is nested too deeply.", detail={"field": "patch"}) from None
     if not isinstance(applied.doc, dict):

@@ -42,6 +42,16 @@ _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, sort_keys=True,
 _encode_string = json.encoder.encode_basestring
 
 
+class PatchTooLarge(Exception):
+    """A patch that would grow its document by more than the `limit` it was applied with, or that
+    took more than WORK_PER_LIMIT times that many bytes of measuring to apply: a copy of a copy of
+    a copy doubles the document with each op of a few bytes."""
+
+
+# How much measuring (canonical JSON bytes) a patch may cost per byte it may grow the document by.
+WORK_PER_LIMIT = 4
+
+
 class PatchError(ValueError):
     """A patch that is malformed or does not apply. `index` is the op's position, `path` its pointer."""
 
@@ -321,14 +331,17 @@ class _Patcher:
     first. Holding the containers themselves keeps their ids from being reused while the patch runs.
     """
 
-    __slots__ = ("delta", "from_path", "in_place", "index", "measuring", "name", "owned", "path", "root")
+    __slots__ = ("budget", "delta", "from_path", "in_place", "index", "measuring", "name", "owned", "path", "root")
 
-    def __init__(self, root: JSON, *, measuring: bool = True, in_place: bool = False) -> None:
+    def __init__(
+        self, root: JSON, *, measuring: bool = True, in_place: bool = False, budget: int | None = None
+    ) -> None:
         self.root: JSON = root
         self.measuring = measuring
         self.in_place = in_place
         self.owned: dict[int, Any] = {}
         self.delta = 0
+        self.budget = budget  # bytes of measuring left before the patch is refused; None: no end
         self.index = 0
         self.name = ""
         self.path = ""
@@ -348,9 +361,14 @@ class _Patcher:
         if not self.measuring:
             return 0
         try:
-            return len(canonical_json(value))
+            size = len(canonical_json(value))
         except (TypeError, ValueError, RecursionError) as exc:
             self.fail(f"the value is not valid JSON ({exc})")
+        if self.budget is not None:
+            self.budget -= size
+            if self.budget < 0:
+                raise PatchTooLarge(f"op {self.index} ({self.name}): the patch takes too much work to apply")
+        return size
 
     def key_size(self, key: str) -> int:
         if not self.measuring:
@@ -476,16 +494,22 @@ class _Patcher:
         parent[key] = value
 
 
-def apply_patch(doc: JSON, ops: list[Op], *, measure: bool = True, in_place: bool = False) -> Applied:
+def apply_patch(
+    doc: JSON, ops: list[Op], *, measure: bool = True, in_place: bool = False, limit: int | None = None
+) -> Applied:
     """Apply an RFC 6902 patch atomically without mutating `doc`; cost is proportional to the change.
 
     `measure=False` skips the size and depth accounting (size_delta and depth come back 0), for
     replaying deltas already checked when they were written. `in_place=True` mutates `doc` itself
     instead of copying along the touched paths: only for a document the caller owns outright,
-    and the patch is then not atomic.
+    and the patch is then not atomic. With a `limit` (measuring), PatchTooLarge is raised as soon
+    as the document has grown by more than `limit` bytes of canonical JSON, or the patch has cost
+    more than WORK_PER_LIMIT times that in measuring: a patch from outside can then make neither
+    a document past the caller's limit nor the work to build one.
     """
     parsed = _parse_ops(ops)
-    patcher = _Patcher(doc, measuring=measure, in_place=in_place)
+    budget = WORK_PER_LIMIT * max(limit, 0) if measure and limit is not None else None
+    patcher = _Patcher(doc, measuring=measure, in_place=in_place, budget=budget)
     depth = 0
     for index, (name, path, tokens, from_path, from_tokens, op) in enumerate(parsed):
         patcher.index = index
@@ -517,9 +541,13 @@ def apply_patch(doc: JSON, ops: list[Op], *, measure: bool = True, in_place: boo
             patcher.add(tokens, value, size)
         else:  # copy
             assert from_tokens is not None
+            source = patcher.get(from_tokens, "'from' location")
+            size = patcher.measure(source)  # before the copy is made: the budget may refuse it
             # A deep copy, so a later op of this patch that edits one location in place can't reach the other.
-            value = _clone(patcher.get(from_tokens, "'from' location"))
-            patcher.add(tokens, value, patcher.measure(value))
+            value = _clone(source)
+            patcher.add(tokens, value, size)
+        if limit is not None and patcher.delta > limit:
+            raise PatchTooLarge(f"op {index} ({name}): the document would grow by more than {limit} bytes")
         if measure:
             depth = max(depth, len(tokens) + json_depth(value))
     return Applied(patcher.root, patcher.delta, depth)

@@ -42,7 +42,7 @@ from checkpoints import blobs, codec, crypto, hotcache, live, wire
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
 from checkpoints.fields import associated_data
 from checkpoints.ids import new_id
-from checkpoints.jsonpatch import PatchError, apply_patch, make_patch, validate_ops
+from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch, validate_ops
 from checkpoints.models import (
     Branch,
     Checkpoint,
@@ -548,10 +548,13 @@ def _next_state(
             detail={"field": field},
         )
     ops = codec.loads(delta)
+    max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     try:
-        applied = apply_patch(base, ops)
+        applied = apply_patch(base, ops, limit=max_bytes - base_bytes)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail=_patch_detail(exc)) from None
+    except PatchTooLarge as exc:
+        raise StateTooLarge.stopped(exc, field="patch" if patch is not None else "state", limit=max_bytes) from None
     except RecursionError:
         raise InvalidState(f"The state is nested deeper than {settings.QUICKSAVE_MAX_DEPTH} levels.") from None
     if not isinstance(applied.doc, dict):
@@ -563,7 +566,6 @@ def _next_state(
             detail={"field": "patch" if patch is not None else "state", "limit": limit},
         )
     state_bytes = base_bytes + applied.size_delta
-    max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     if state_bytes > max_bytes:
         raise StateTooLarge(
             f"The state would be {state_bytes} bytes; the limit is {max_bytes} bytes (QUICKSAVE_MAX_STATE_BYTES).",

@@ -322,3 +322,20 @@ def test_another_agents_checkpoint_as_parent_reads_as_an_unknown_one(
 
     assert answers[0]["message"].replace(str(foreign.pk), "X") == answers[1]["message"].replace(str(unknown), "X")
     assert answers[0]["detail"] == answers[1]["detail"] == {"field": "parent"}
+
+
+def test_a_patch_that_doubles_the_state_with_each_op_is_stopped_at_the_state_limit(
+    world: dict[str, str], owner_client: APIClient, settings: Any
+) -> None:
+    """40 ops of 40 bytes each would make a list of a trillion items: the patch stops at the limit."""
+    settings.QUICKSAVE_MAX_STATE_BYTES = 100_000
+    body = patch_body(*[{"op": "copy", "from": "/list", "path": "/list/-"}] * 40).replace(
+        "{checkpoint}", world["checkpoint"]
+    )
+    before = row_counts()
+
+    response = owner_client.post(CHECKPOINTS.format(**world), data=body, content_type="application/json")
+
+    error = assert_error(response, 413, "state_too_large", "grow past its limit")
+    assert error["detail"] == {"field": "patch", "limit": 100_000}
+    assert row_counts() == before

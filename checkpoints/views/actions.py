@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
+from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
@@ -22,7 +23,7 @@ from approvals.models import ApprovalRequest
 from checkpoints import diffview, forks, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import PatchError, apply_patch, make_patch
+from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.views import checkpoint as checkpoint_page
 from checkpoints.views import viewer_required
@@ -273,7 +274,7 @@ def _posted_patch(data: QueryDict) -> list[dict[str, Any]] | None:
 
 def _apply(state: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
     try:
-        applied = apply_patch(state, ops)
-    except (PatchError, RecursionError, TypeError, ValueError):
+        applied = apply_patch(state, ops, limit=settings.QUICKSAVE_MAX_STATE_BYTES)
+    except (PatchError, PatchTooLarge, RecursionError, TypeError, ValueError):
         return state
     return applied.doc if isinstance(applied.doc, dict) else state

@@ -20,6 +20,7 @@ from checkpoints.jsonpatch import (
     Applied,
     Op,
     PatchError,
+    PatchTooLarge,
     apply_patch,
     canonical_json,
     canonical_size,
@@ -1040,3 +1041,26 @@ def test_patches_that_only_remove_report_zero_depth(doc: Any) -> None:
     result = apply_patch(doc, [{"op": "remove", "path": format_pointer(inner[-1])}])
     assert result.depth == 0
     assert canonical_size(result.doc) == canonical_size(doc) + result.size_delta
+
+
+def test_a_patch_that_doubles_its_document_stops_at_the_limit() -> None:
+    """Each op copies the list into itself: 22 ops of a few bytes would make four million items."""
+    doubling = [{"op": "copy", "from": "/d", "path": "/d/-"}] * 22
+
+    with pytest.raises(PatchTooLarge, match=r"^op 1[0-9] \(copy\): the document would grow by more than 10000 bytes"):
+        apply_patch({"d": [0]}, doubling, limit=10_000)
+
+
+def test_a_patch_within_its_limit_applies_as_without_one() -> None:
+    ops = [{"op": "copy", "from": "/d", "path": "/d/-"}] * 3
+    assert apply_patch({"d": [0]}, ops, limit=10_000) == apply_patch({"d": [0]}, ops)
+
+
+def test_a_patch_that_copies_and_removes_in_turn_stops_when_its_work_passes_the_budget() -> None:
+    """Copying a large value and removing the copy again grows nothing, but each op measures it."""
+    doc = {"big": "x" * 1000}
+    churn = [{"op": "copy", "from": "/big", "path": "/x"}, {"op": "remove", "path": "/x"}] * 100
+
+    with pytest.raises(PatchTooLarge, match="the patch takes too much work to apply"):
+        apply_patch(doc, churn, limit=10_000)
+    assert apply_patch(doc, churn).size_delta == 0  # without a limit it is a patch like any other

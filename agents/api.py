@@ -19,7 +19,7 @@ from agents import runs
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run, RunStatus
 from approvals.serializers import ApprovalSchemaSerializer, approval_data
-from quicksave.api import StrictSerializer
+from quicksave.api import FiniteFloatField, StrictSerializer
 
 MAX_WAIT_SECONDS = 30
 
@@ -76,7 +76,7 @@ RUN_ENVELOPE = inline_serializer("RunEnvelope", {"run": RunSchemaSerializer()})
 
 class ClaimSerializer(StrictSerializer):
     agent = serializers.SlugField(required=False, max_length=64)
-    wait = serializers.FloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_SECONDS)
+    wait = FiniteFloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_SECONDS)
 
 
 class FailSerializer(StrictSerializer):

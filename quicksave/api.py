@@ -105,6 +105,19 @@ class StrictJSONParser(BaseParser):
         return data
 
 
+class FiniteFloatField(serializers.FloatField):
+    """DRF's FloatField takes the strings "NaN" and "Infinity" (float() does): this one refuses
+    them, as comparisons with NaN are all false and would pass any range check."""
+
+    default_error_messages = {"not_finite": "A finite number is required."}
+
+    def to_internal_value(self, data: Any) -> float:
+        value: float = super().to_internal_value(data)
+        if not math.isfinite(value):
+            self.fail("not_finite")
+        return value
+
+
 class StrictSerializer(serializers.Serializer[Any]):
     """Refuses fields it does not know, so a misspelt option (`resume_agent`) is a 400, not ignored."""
 

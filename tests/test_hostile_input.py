@@ -107,6 +107,11 @@ CASES: list[tuple[str, str, str, str | bytes, int, str, str]] = [
     ("metadata that is a list", "post", THREADS, '{"metadata": [1]}', 400, "invalid", "metadata"),
     ("a decision that is a number", "post", DECIDE, '{"decision": 1}', 400, "invalid", "decision"),
     ("a wait that is a word", "post", CLAIM, '{"wait": "soon"}', 400, "invalid", "wait"),
+    # float() reads these strings, and NaN passes every range check: the claim would wait for ever.
+    ("a wait of NaN", "post", CLAIM, '{"wait": "NaN"}', 400, "invalid", "finite"),
+    ("a wait of Infinity", "post", CLAIM, '{"wait": "-Infinity"}', 400, "invalid", "finite"),
+    ("a temperature of NaN", "post", CHECKPOINTS, '{"parent": null, "state": {}, "model": {"temperature": "nan"}}',
+     422, "invalid_state", "finite"),
     ("a step past 32 bits", "post", CHECKPOINTS, '{"parent": null, "state": {}, "step": 9223372036854775808}', 422,
      "invalid_state", "step"),
     ("a temperature no double holds", "post", CHECKPOINTS,

@@ -41,6 +41,13 @@ class ApprovalPending(DomainError):
     status = 409
 
 
+class ThreadCancelled(DomainError):
+    """A cancelled thread takes no new approval requests: nobody is to decide for it any more."""
+
+    code = "thread_cancelled"
+    status = 409
+
+
 class AlreadyDecided(DomainError):
     code = "already_decided"
     status = 409
@@ -79,7 +86,10 @@ def request_approval(
                 thread=thread, checkpoint=checkpoint, action=action, args=args, message=message, risk=risk,
                 expires_at=expires_at,
             )  # fmt: skip
-            Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.WAITING_FOR_APPROVAL)
+            # The row lock this takes orders the request with a cancellation of the thread.
+            waiting = Thread.objects.filter(pk=thread.pk).exclude(status=ThreadStatus.CANCELLED)
+            if not waiting.update(status=ThreadStatus.WAITING_FOR_APPROVAL):
+                raise ThreadCancelled(f"Thread {thread.pk} was cancelled; it takes no approval requests.")
             record_event(thread=thread, type="approval.requested", data=_summary(approval))
     except IntegrityError:
         raise ApprovalPending(f"Thread {thread.pk} already waits on a decision.") from None

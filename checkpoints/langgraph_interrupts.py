@@ -46,7 +46,7 @@ from django.db import transaction
 
 from agents.runtime import Decision, decision_for
 from approvals.models import ApprovalRequest, Risk
-from approvals.services import ApprovalPending, InvalidApproval, request_approval
+from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
 from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread, ToolResult
 from checkpoints.tools import get_tool_result, put_tool_result
@@ -190,6 +190,9 @@ def file_interrupts(
             continue
         except InvalidApproval as exc:
             log.warning("interrupt %s of thread %s cannot be filed as an approval: %s", interrupt.id, thread.pk, exc)
+            continue
+        except ThreadCancelled:
+            log.info("thread %s was cancelled; interrupt %s is not filed", thread.pk, interrupt.id)
             continue
         filed.append(approval)
     return filed

@@ -410,7 +410,10 @@ WITH cp AS (
                           THEN %(created_at)s::timestamptz ELSE updated_at END,
         head_id = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(id)s::uuid ELSE head_id END,
         step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::bigint ELSE step END,
-        status = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(status)s::text ELSE status END
+        -- A cancellation stands: an agent still writing afterwards does not undo it (a person's fork may).
+        status = CASE WHEN active_branch_id = %(branch_id)s::bigint
+                           AND (status <> 'cancelled' OR %(source)s::text = 'human')
+                      THEN %(status)s::text ELSE status END
     WHERE id = %(thread_id)s::uuid AND EXISTS (SELECT 1 FROM cp)
     RETURNING event_seq
 )

@@ -427,6 +427,57 @@ def test_cancel_cancels_pending_approvals_and_queued_runs(admin_client: APIClien
     assert admin_client.post(f"/api/v1/threads/{thread.pk}/cancel/", {}, format="json").status_code == 400
 
 
+def cancel(client: APIClient, thread: Thread) -> None:
+    assert client.post(f"/api/v1/threads/{thread.pk}/cancel/", {"reason": "stop"}, format="json").status_code == 200
+
+
+def test_an_agent_still_writing_after_a_cancellation_does_not_undo_it(
+    admin_client: APIClient, owner_client: APIClient, thread: Thread, steps: list[Checkpoint]
+) -> None:
+    assert (
+        admin_client.post(f"/api/v1/threads/{thread.pk}/cancel/", {"reason": "stop"}, format="json").status_code == 200
+    )
+    url = f"/api/v1/threads/{thread.pk}/checkpoints/"
+
+    late = owner_client.post(url, {"parent": str(steps[-1].pk), "state": {"late": 1}}, format="json")
+    done = owner_client.post(url, {"parent": late.json()["id"], "state": {}, "status": "completed"}, format="json")
+
+    assert (late.status_code, done.status_code) == (201, 201)  # kept on the timeline, as written
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.CANCELLED and str(thread.head_id) == done.json()["id"]
+
+
+def test_a_cancelled_thread_takes_no_approval_request(
+    admin_client: APIClient, owner_client: APIClient, thread: Thread, steps: list[Checkpoint]
+) -> None:
+    assert (
+        admin_client.post(f"/api/v1/threads/{thread.pk}/cancel/", {"reason": "stop"}, format="json").status_code == 200
+    )
+
+    response = owner_client.post(
+        f"/api/v1/threads/{thread.pk}/approvals/", {"checkpoint": str(steps[-1].pk), "action": "deploy"}, format="json"
+    )
+
+    assert response.status_code == 409 and response.json()["error"]["code"] == "thread_cancelled"
+    assert not ApprovalRequest.objects.filter(thread=thread).exists()
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.CANCELLED
+
+
+def test_a_persons_fork_of_a_cancelled_thread_sets_it_going_again(
+    admin_client: APIClient, thread: Thread, steps: list[Checkpoint]
+) -> None:
+    assert (
+        admin_client.post(f"/api/v1/threads/{thread.pk}/cancel/", {"reason": "stop"}, format="json").status_code == 200
+    )
+
+    forked = admin_client.post(f"/api/v1/checkpoints/{steps[1].pk}/fork/", {"reason": "try again"}, format="json")
+
+    assert forked.status_code == 201, forked.content
+    thread.refresh_from_db()
+    assert thread.status != ThreadStatus.CANCELLED
+
+
 def test_resume_is_only_for_a_failed_thread_and_queues_one_manual_run_from_the_head(
     admin_client: APIClient, ada: User
 ) -> None:

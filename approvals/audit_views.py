@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from approvals.models import AuditEntry
+from quicksave.forms import DateTimeInRangeField
 from quicksave.roles import ADMIN, role_of
 
 PAGE_SIZE = 100
@@ -31,8 +32,8 @@ class AuditFilterForm(forms.Form):
     actor = forms.CharField(required=False, max_length=150)
     action = forms.ChoiceField(required=False)
     thread = forms.UUIDField(required=False)
-    since = forms.DateTimeField(required=False)
-    until = forms.DateTimeField(required=False)
+    since = DateTimeInRangeField(required=False)
+    until = DateTimeInRangeField(required=False)
     older = forms.CharField(required=False, max_length=200)
 
     def __init__(self, *args: Any, actions: list[str], **kwargs: Any) -> None:
@@ -47,7 +48,9 @@ class AuditFilterForm(forms.Form):
             return None
         try:
             created_at, entry_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
-            return datetime.fromisoformat(created_at), int(entry_id)
+            if not isinstance(created_at, str) or type(entry_id) is not int:
+                raise ValueError("not a link this page made")
+            return datetime.fromisoformat(created_at), entry_id
         except (ValueError, TypeError):
             raise forms.ValidationError("This page link is broken; start again from the newest entries.") from None
 

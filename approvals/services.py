@@ -113,6 +113,8 @@ def decide(
     if decision not in (APPROVE, REJECT):
         raise InvalidApproval("`decision` must be approve or reject.", detail={"field": "decision"})
     comment = (comment or "").strip()
+    if "\x00" in comment:
+        raise InvalidApproval("The comment cannot hold a NUL character.", detail={"field": "comment"})
     if decision == REJECT and not comment:
         raise InvalidApproval("A rejection needs a `comment` saying why.", detail={"field": "comment"})
     if decision == REJECT and args is not None:

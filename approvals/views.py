@@ -22,6 +22,7 @@ from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.views import viewer_required
+from quicksave.api import loads_strict
 from quicksave.errors import DomainError
 
 INBOX_SIZE = 100
@@ -81,7 +82,7 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
         if decision == "edit":
             edited_text = request.POST.get("args", "")
             try:
-                args = json.loads(edited_text)
+                args = loads_strict(edited_text)
             except ValueError as exc:
                 errors["args"] = [{"path": "", "message": f"This is not valid JSON: {exc}"}]
             decision = "approve"

@@ -364,6 +364,8 @@ def _reason(reason: Any) -> str:
         raise InvalidFork("Give a reason: the audit trail records why.", field="reason")
     if len(text) > REASON_MAX_CHARS:
         raise InvalidFork(f"Keep the reason to {REASON_MAX_CHARS} characters.", field="reason")
+    if "\x00" in text:
+        raise InvalidFork("The reason cannot hold a NUL character.", field="reason")
     return text
 
 

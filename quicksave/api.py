@@ -90,19 +90,33 @@ class StrictJSONParser(BaseParser):
         except UnicodeDecodeError as exc:
             raise exceptions.ParseError(f"The body is not valid UTF-8: {exc}") from None
         try:
-            data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-        except RecursionError:
-            raise exceptions.ParseError("The JSON body is nested too deeply.") from None
+            return loads_strict(text)
+        except UnstorableText as exc:
+            raise UnsupportedText(f"The body contains {exc}, which Quicksave cannot store.") from None
         except ValueError as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from None
-        # Either can now only come from a \u escape (a raw NUL is invalid JSON), so most bodies skip the walk.
-        if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
-            character = _unstorable_character(data)
-            if character is not None:
-                name = "a NUL character" if character == "\x00" else "a lone UTF-16 surrogate"
-                code_point = f"\\u{ord(character):04x}"
-                raise UnsupportedText(f"The body contains {name} ({code_point}), which Quicksave cannot store.")
-        return data
+
+
+class UnstorableText(ValueError):
+    """JSON text holding a character PostgreSQL cannot store; the message names it."""
+
+
+def loads_strict(text: str) -> Any:
+    """JSON text read as the API reads a body, for the dashboard's JSON fields too: no NaN or
+    Infinity (nor a number that overflows to one), no nesting deeper than Python can parse, and no
+    NUL or lone surrogate, which PostgreSQL cannot store. Raises ValueError saying what is wrong
+    (UnstorableText for the last)."""
+    try:
+        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("it is nested too deeply") from None
+    # Either can now only come from a \u escape (a raw NUL is invalid JSON), so most texts skip the walk.
+    if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
+        character = _unstorable_character(data)
+        if character is not None:
+            name = "a NUL character" if character == "\x00" else "a lone UTF-16 surrogate"
+            raise UnstorableText(f"{name} (\\u{ord(character):04x})")
+    return data
 
 
 class FiniteFloatField(serializers.FloatField):

@@ -27,6 +27,7 @@ from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_p
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.views import checkpoint as checkpoint_page
 from checkpoints.views import viewer_required
+from quicksave.api import loads_strict
 from quicksave.errors import DomainError
 
 # A state whose JSON is longer than this is not put in a textarea (a browser crawls editing
@@ -102,7 +103,7 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     if "state" in request.POST:
         form.state_text, form.state_open = request.POST["state"], True
         try:
-            edited = json.loads(form.state_text)
+            edited = loads_strict(form.state_text)
         except ValueError as exc:
             form.errors["state"] = [f"This is not valid JSON: {exc}"]
             return _fork_form(request, checkpoint, form, status=400)
@@ -266,7 +267,7 @@ def _editor_text(state: dict[str, Any], *, stored_bytes: int = 0) -> str | None:
 def _posted_patch(data: QueryDict) -> list[dict[str, Any]] | None:
     """The patch the confirmation page carries (computed on review), or None if it is unreadable."""
     try:
-        ops = json.loads(data.get("patch", ""))
+        ops = loads_strict(data.get("patch", ""))
     except ValueError:
         return None
     return ops if isinstance(ops, list) else None

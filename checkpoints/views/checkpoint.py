@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 from uuid import UUID
 
@@ -108,11 +109,14 @@ def _tool_results(checkpoint: Checkpoint) -> tuple[list[ToolResult], int]:
     return rows[:TOOL_RESULTS_SHOWN], total
 
 
+_SHA256 = re.compile("[0-9a-f]{64}")  # how a large value is named (blobs.sha256 of its bytes)
+
+
 @viewer_required
 def blob_download(request: HttpRequest, thread_id: UUID, sha256: str) -> HttpResponse:
     """A large value of a thread's state, as a file (anyone who may read the thread may read it)."""
     thread = get_thread_for(request.user, thread_id)
-    if not Blob.objects.filter(thread=thread, sha256=sha256).exists():
+    if not _SHA256.fullmatch(sha256) or not Blob.objects.filter(thread=thread, sha256=sha256).exists():
         raise Http404("This thread has no such large value.")
     value = blobs.read(thread.pk, sha256)
     value = blobs.restore(thread.pk, value)

@@ -19,6 +19,7 @@ from checkpoints import selectors, svg, timeline
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
 from checkpoints.views import viewer_required
+from quicksave.forms import DateTimeInRangeField
 
 PAGE_SIZE = 50
 SORT_CHOICES = [
@@ -33,8 +34,8 @@ class ThreadFilterForm(forms.Form):
     agent = forms.CharField(required=False, max_length=64)
     status = forms.ChoiceField(required=False, choices=[("", "Any status"), *ThreadStatus.choices])
     step = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
-    since = forms.DateTimeField(required=False, label="Updated since")
-    until = forms.DateTimeField(required=False, label="Updated before")
+    since = DateTimeInRangeField(required=False, label="Updated since")
+    until = DateTimeInRangeField(required=False, label="Updated before")
     q = forms.CharField(required=False, max_length=500, label="Metadata")
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
     cursor = forms.CharField(required=False, max_length=200)
@@ -54,6 +55,8 @@ class ThreadFilterForm(forms.Form):
             return None
         try:
             value, last_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
+            if not isinstance(value, str) or not isinstance(last_id, str):
+                raise ValueError("not a link this page made")
             return datetime.fromisoformat(value), str(UUID(last_id))
         except (ValueError, TypeError):
             raise forms.ValidationError("This page link is broken; start again from the first page.") from None

@@ -21,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 import redis
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 from channels.layers import InMemoryChannelLayer, get_channel_layer
 from channels_redis.core import RedisChannelLayer
 from django.db import transaction
@@ -47,9 +47,25 @@ def message(*, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any])
     return {"type": type, "seq": seq, "thread": str(thread_id), "data": data}
 
 
+# The largest frame a client may send (a ping is a few dozen bytes).
+MAX_CLIENT_FRAME = 4096
+
+
 class EventConsumer(AsyncJsonWebsocketConsumer):
     """A websocket that receives the publisher's messages: `live.event` goes to `live_event`,
     which a consumer defines; `live.events` (a batch) hands it each event in order."""
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
+        """Clients send only small JSON frames (a ping): a binary, oversized or unreadable one closes
+        the socket with 4400 instead of failing in the consumer."""
+        try:
+            if text_data is None or len(text_data) > MAX_CLIENT_FRAME:
+                raise ValueError("not a small text frame")
+            content = await self.decode_json(text_data)
+        except (ValueError, RecursionError):
+            await self.close(code=4400)
+            return
+        await self.receive_json(content, **kwargs)
 
     async def live_event(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
@@ -57,6 +73,14 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
     async def live_events(self, message: dict[str, Any]) -> None:
         for event in message["events"]:
             await self.live_event({"event": event})
+
+
+class NoRoute(AsyncWebsocketConsumer):
+    """Any websocket path that is not one of ours (or not a thread id): refused with 4404, as a
+    thread the caller may not see is, instead of the router's error."""
+
+    async def connect(self) -> None:
+        await self.close(code=4404)
 
 
 _server_loop: asyncio.AbstractEventLoop | None = None

@@ -1,5 +1,8 @@
-from django.urls import path
+from django.urls import path, re_path
 
 from checkpoints.consumers import ThreadConsumer
+from checkpoints.live import NoRoute
 
 websocket_urlpatterns = [path("ws/threads/<uuid:thread_id>/", ThreadConsumer.as_asgi())]
+# Last in the router: every other websocket path.
+fallback_routes = [re_path(r"", NoRoute.as_asgi())]

@@ -146,10 +146,11 @@ http_app: Any = PooledWsgiToAsgi(wsgi_app)  # type: ignore[no-untyped-call]
 
 from agents.ws_auth import AgentKeyAuthMiddleware  # noqa: E402
 from approvals.routing import websocket_urlpatterns as inbox_routes  # noqa: E402
+from checkpoints.routing import fallback_routes  # noqa: E402
 from checkpoints.routing import websocket_urlpatterns as thread_routes  # noqa: E402
 
 websocket_app = AllowedHostsOriginValidator(
-    AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+    AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
 )
 
 application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})

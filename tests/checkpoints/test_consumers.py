@@ -26,9 +26,10 @@ def application() -> Any:
 
     from agents.ws_auth import AgentKeyAuthMiddleware
     from approvals.routing import websocket_urlpatterns as inbox_routes
+    from checkpoints.routing import fallback_routes
     from checkpoints.routing import websocket_urlpatterns as thread_routes
 
-    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
 
 
 def _viewer() -> User:
@@ -232,4 +233,45 @@ async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(applic
     second = await sync_to_async(_suspended)()
     requested = await communicator.receive_json_from(timeout=5)
     assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize("path", ["/ws/threads/not-a-uuid/", "/ws/nothing/", "/ws/threads/"])
+async def test_a_path_that_is_no_socket_of_ours_is_refused_with_4404(application: Any, path: str) -> None:
+    viewer = await sync_to_async(_viewer)()
+    communicator = await connect(application, path, viewer)
+
+    connected, code = await communicator.connect()
+
+    assert (connected, code) == (False, 4404)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [{"bytes_data": b"\x00\x01"}, {"text_data": "{not json"}, {"text_data": "[" * 100_000 + "]" * 100_000},
+     {"text_data": '{"type": "ping", "pad": "' + "x" * 5000 + '"}'}],
+    ids=["binary", "malformed", "nested 100000 deep", "over 4 KiB"],
+)  # fmt: skip
+async def test_a_frame_a_client_should_not_send_closes_the_socket_with_4400(
+    application: Any, frame: dict[str, Any]
+) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=99", viewer)
+    assert (await communicator.connect())[0]
+
+    await communicator.send_to(**frame)
+
+    assert await communicator.receive_output(timeout=5) == {"type": "websocket.close", "code": 4400}
+
+
+async def test_a_ping_still_gets_a_pong(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=99", viewer)
+    assert (await communicator.connect())[0]
+
+    await communicator.send_json_to({"type": "ping"})
+
+    assert await communicator.receive_json_from(timeout=5) == {"type": "pong", "seq": 99}
     await communicator.disconnect()

@@ -85,6 +85,10 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
                 args = loads_strict(edited_text)
             except ValueError as exc:
                 errors["args"] = [{"path": "", "message": f"This is not valid JSON: {exc}"}]
+            else:
+                if args is None:  # decide() reads None as "not edited": it would approve the original
+                    errors["args"] = [{"path": "", "message": "Edited arguments cannot be null; to approve the "
+                                       "arguments as they are, choose Approve."}]  # fmt: skip
             decision = "approve"
         if not errors:
             try:

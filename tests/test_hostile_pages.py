@@ -54,6 +54,8 @@ POSTS: list[tuple[str, str, dict[str, str], int]] = [
     ("a rejection comment with a NUL", "/inbox/{approval}/", {"decision": "reject", "comment": "no\x00"}, 400),
     ("edited args with a NUL escape", "/inbox/{approval}/", {"decision": "edit", "args": '{"a": "\\u0000"}'}, 400),
     ("edited args nested 100000 deep", "/inbox/{approval}/", {"decision": "edit", "args": deep(100_000)}, 400),
+    ("edited args of null, which would approve the original", "/inbox/{approval}/",
+     {"decision": "edit", "args": "null"}, 400),
     ("a fork state nested 100000 deep", "/checkpoints/{checkpoint}/fork/", {"reason": "r", "state": deep(100_000)},
      400),
     ("a fork state with a NUL escape", "/checkpoints/{checkpoint}/fork/", {"reason": "r", "state": '{"a": "\\u0000"}'},

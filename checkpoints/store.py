@@ -591,10 +591,16 @@ def _checked_object(value: Any, *, field: str) -> dict[str, Any]:
     if not value:  # most writes carry no metadata
         return value
     try:
-        codec.to_canonical_bytes(value)
+        size = len(codec.to_canonical_bytes(value))
         codec.check_depth(value)
     except codec.EncodingError as exc:
         raise InvalidState(f"`{field}` {exc}.", detail={"field": field}) from None
+    limit: int = settings.QUICKSAVE_MAX_METADATA_BYTES
+    if size > limit:
+        raise InvalidState(
+            f"`{field}` is {size} bytes of JSON; the limit is {limit} bytes (QUICKSAVE_MAX_METADATA_BYTES).",
+            detail={"field": field, "size": size, "limit": limit},
+        )
     return value
 
 

@@ -86,6 +86,12 @@ CASES: list[tuple[str, str, str, str | bytes, int, str, str]] = [
      "nested too deeply"),
     ("metadata nested past QUICKSAVE_MAX_DEPTH", "post", THREADS, '{"metadata": ' + deep(100) + "}", 422,
      "invalid_state", "64"),
+    ("thread metadata past QUICKSAVE_MAX_METADATA_BYTES", "post", THREADS,
+     '{"agent": "travel", "metadata": {"x": "' + "y" * 300_000 + '"}}', 422, "invalid_state",
+     "the limit is 262144 bytes (QUICKSAVE_MAX_METADATA_BYTES)"),
+    ("checkpoint metadata past QUICKSAVE_MAX_METADATA_BYTES", "post", CHECKPOINTS,
+     '{"parent": null, "state": {}, "metadata": {"x": "' + "y" * 300_000 + '"}}', 422, "invalid_state",
+     "QUICKSAVE_MAX_METADATA_BYTES"),
     # Invalid patch operations.
     ("an unknown op", "post", CHECKPOINTS, patch_body({"op": "explode", "path": "/a"}), 422, "invalid_patch",
      "explode"),

@@ -65,6 +65,10 @@ class Worker:
         if unknown:
             raise ValueError(f"No in-process agent is registered as {', '.join(unknown)}")
         self.agent_names = names
+        if lease_seconds is not None and lease_seconds < 1:
+            raise ValueError(f"The lease must be at least 1 second; got {lease_seconds}")
+        if not 0.01 <= poll_seconds <= 3600:  # also false for NaN, which would wait for ever
+            raise ValueError(f"The poll interval must be 0.01 to 3600 seconds; got {poll_seconds}")
         self.lease_seconds = lease_seconds or settings.QUICKSAVE_RUN_LEASE_SECONDS
         self.poll_seconds = poll_seconds
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"

@@ -175,3 +175,12 @@ def test_revoking_a_key_is_audited_once_with_who_and_from_where(db: Any) -> None
     row.refresh_from_db()
     assert row.revoked_at is not None
     assert entry.after == {"agent": "travel", "revoked_at": row.revoked_at.isoformat()}
+
+
+@pytest.mark.parametrize("label", ["x" * 101, "tab\there", "nul\x00"])
+def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(db: Any, label: str) -> None:
+    with pytest.raises(CommandError, match="at most 100 printable characters"):
+        create_key("fresh", "--label", label)
+
+    assert not Agent.objects.filter(name="fresh").exists()
+    assert not AgentKey.objects.exists()

@@ -6,11 +6,14 @@ import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import transaction
 
 from agents.keys import create_agent_key, get_or_create_agent
+from agents.models import AgentKey
 from approvals.audit import cli_actor_name
 
 AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+LABEL_MAX_CHARS: int = AgentKey._meta.get_field("label").max_length or 100
 
 
 class Command(BaseCommand):
@@ -27,7 +30,11 @@ class Command(BaseCommand):
                 f"Agent names are 1 to 64 lowercase letters, digits, '-' or '_', starting with a letter or digit; "
                 f"got {name!r}"
             )
-        agent = get_or_create_agent(name=name)
-        key, plaintext = create_agent_key(agent=agent, label=options["label"], actor_name=cli_actor_name())
+        label: str = options["label"]
+        if len(label) > LABEL_MAX_CHARS or not label.isprintable():
+            raise CommandError(f"A label is at most {LABEL_MAX_CHARS} printable characters; got {label!r}")
+        with transaction.atomic():  # no agent is left behind without the key it was created for
+            agent = get_or_create_agent(name=name)
+            key, plaintext = create_agent_key(agent=agent, label=label, actor_name=cli_actor_name())
         self.stderr.write(f"Key {key.prefix} created for agent {agent.name}. It is shown once; store it now.")
         self.stdout.write(plaintext)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -19,7 +20,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         threads = Thread.objects.order_by("created_at")
         if options["thread"]:
-            threads = threads.filter(pk=options["thread"])
+            try:
+                thread_id = UUID(options["thread"])
+            except ValueError:
+                raise CommandError(f"--thread takes a thread id (a UUID); got {options['thread']!r}") from None
+            threads = threads.filter(pk=thread_id)
+            if not threads.exists():
+                raise CommandError(f"No thread has the id {thread_id}.")
         total = threads.count()
         failures = 0
         for index, thread in enumerate(threads.iterator(), start=1):

@@ -22,8 +22,8 @@ from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.views import viewer_required
-from quicksave.api import loads_strict
 from quicksave.errors import DomainError
+from quicksave.jsontext import loads_strict
 
 INBOX_SIZE = 100
 

@@ -53,6 +53,7 @@ from checkpoints.errors import IntegrityFailure, StoreError
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, PayloadKind, Thread
 from checkpoints.verify import mac_matches
 from quicksave.errors import DomainError
+from quicksave.jsontext import UnstorableText, loads_strict
 
 FORMAT = "quicksave-trajectory"
 VERSION = 1
@@ -377,11 +378,12 @@ def _json_lines(file: IO[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
         if not raw.strip():
             raise InvalidTrajectory("the line is blank; every line must be a JSON object.", line=number)
         try:
-            obj = json.loads(raw, parse_constant=_no_constant)
-        except RecursionError:
-            raise InvalidTrajectory("the JSON is nested too deeply.", line=number) from None
+            # As strictly as an API body: text PostgreSQL cannot store would fail the import's writes.
+            obj = loads_strict(raw.decode("utf-8"))
         except UnicodeDecodeError:
             raise InvalidTrajectory("the line is not UTF-8.", line=number) from None
+        except UnstorableText as exc:
+            raise InvalidTrajectory(f"the line holds {exc}, which Quicksave cannot store.", line=number) from None
         except ValueError as exc:
             raise InvalidTrajectory(f"not a JSON line ({exc}).", line=number) from None
         if not isinstance(obj, dict):
@@ -393,10 +395,6 @@ def _json_lines(file: IO[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
                 f"the export failed here and the file is incomplete: {message or 'no message'}", line=number
             )
         yield number, obj
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def _thread_header(obj: dict[str, Any], number: int) -> ThreadHeader:

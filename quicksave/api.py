@@ -5,9 +5,7 @@ Errors always read `{"error": {"code": "<snake_case>", "message": "<sentence>", 
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -24,38 +22,7 @@ from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
 from quicksave.errors import PAYLOAD_TOO_LARGE, DomainError, payload_too_large
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if math.isinf(value):  # 1e400 overflows to infinity, which no JSON column can hold
-        raise ValueError(f"the number {text[:40]} is too large")
-    return value
-
-
-# A NUL or a UTF-16 surrogate left unpaired after decoding: PostgreSQL cannot store either.
-_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
-
-
-def _unstorable_character(value: Any) -> str | None:
-    """The first character of `value`'s strings or keys that PostgreSQL cannot store, if any."""
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            found = _UNSTORABLE.search(item)
-            if found:
-                return found.group()
-        elif isinstance(item, dict):
-            pending.extend(item)
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return None
+from quicksave.jsontext import UnstorableText, loads_strict
 
 
 class UnsupportedText(exceptions.ParseError):
@@ -95,28 +62,6 @@ class StrictJSONParser(BaseParser):
             raise UnsupportedText(f"The body contains {exc}, which Quicksave cannot store.") from None
         except ValueError as exc:
             raise exceptions.ParseError(f"The body is not valid JSON: {exc}") from None
-
-
-class UnstorableText(ValueError):
-    """JSON text holding a character PostgreSQL cannot store; the message names it."""
-
-
-def loads_strict(text: str) -> Any:
-    """JSON text read as the API reads a body, for the dashboard's JSON fields too: no NaN or
-    Infinity (nor a number that overflows to one), no nesting deeper than Python can parse, and no
-    NUL or lone surrogate, which PostgreSQL cannot store. Raises ValueError saying what is wrong
-    (UnstorableText for the last)."""
-    try:
-        data = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("it is nested too deeply") from None
-    # Either can now only come from a \u escape (a raw NUL is invalid JSON), so most texts skip the walk.
-    if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
-        character = _unstorable_character(data)
-        if character is not None:
-            name = "a NUL character" if character == "\x00" else "a lone UTF-16 surrogate"
-            raise UnstorableText(f"{name} (\\u{ord(character):04x})")
-    return data
 
 
 class FiniteFloatField(serializers.FloatField):

@@ -27,8 +27,8 @@ from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_p
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.views import checkpoint as checkpoint_page
 from checkpoints.views import viewer_required
-from quicksave.api import loads_strict
 from quicksave.errors import DomainError
+from quicksave.jsontext import loads_strict
 
 # A state whose JSON is longer than this is not put in a textarea (a browser crawls editing
 # megabytes); the fork can still be made unedited, or with a `patch` through the API.

@@ -283,6 +283,12 @@ MALFORMED = [
     ("a header without branches", 1, lambda r: r.pop("branches"), "line 1, field `branches`"),
     ("a truncated file", 12, None, "line 12: the file ends without its `end` line"),
     ("a missing checkpoint", 5, None, "line 5, field `parent`"),
+    # Text PostgreSQL cannot store, read as strictly as an API body.
+    ("a NUL in a label", 3, lambda r: r.update(label="a\x00b"), "line 3: the line holds a NUL character"),
+    ("a lone surrogate as the agent", 1, lambda r: r.update(agent="\ud800"),
+     "line 1: the line holds a lone UTF-16 surrogate"),
+    ("a number that overflows to infinity", 4, lambda r: r.update(step=None, state={"x": 1e308 * 10}),
+     "line 4: not a JSON line"),
     # Only the store finds this one, while writing: the transaction takes back what it wrote.
     ("a patch that does not apply", 3, lambda r: _set_patch(r, [{"op": "remove", "path": "/nope"}]),
      "line 3, field `patch`"),
@@ -328,3 +334,31 @@ def test_import_command_reports_the_line_and_imports_nothing(tmp_path: Path, oth
     ):
         call_command("import_thread", str(path), "--agent", "code-review", stdout=io.StringIO(), stderr=io.StringIO())
     assert not Thread.objects.exists()
+
+
+@pytest.mark.django_db
+def test_import_command_reports_a_refusal_of_the_store_and_imports_nothing(
+    tmp_path: Path, other_agent: Agent, thread: Thread, settings: Any
+) -> None:
+    """The header's metadata goes to create_thread, whose own refusal used to end in a traceback."""
+    build_trajectory(thread)
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(_edit(exported(thread), 1, lambda r: r.update(metadata={"x": "y" * 2000})))
+    settings.QUICKSAVE_MAX_METADATA_BYTES = 1024
+    before = Thread.objects.count()
+
+    with pytest.raises(CommandError, match=r"QUICKSAVE_MAX_METADATA_BYTES.*Nothing was imported"):
+        call_command("import_thread", str(path), "--agent", "code-review", stdout=io.StringIO(), stderr=io.StringIO())
+    assert Thread.objects.count() == before
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("option", "value"), [("--external-id", "x" * 256), ("--agent", "\udcff"), ("--external-id", "tab\there")]
+)
+def test_import_command_refuses_an_option_no_column_can_hold(tmp_path: Path, option: str, value: str) -> None:
+    path = tmp_path / "any.jsonl"
+    path.write_bytes(b"{}\n")
+
+    with pytest.raises(CommandError, match="printable characters"):
+        call_command("import_thread", str(path), option, value, stdout=io.StringIO(), stderr=io.StringIO())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 import tempfile
@@ -11,6 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.models import Agent
 from checkpoints.export import InvalidTrajectory, import_thread
+from quicksave.errors import DomainError
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Command(BaseCommand):
@@ -25,6 +29,11 @@ class Command(BaseCommand):
         parser.add_argument("--external-id", help="Give the thread this external_id instead of the file's")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        for option, limit in (("agent", 64), ("external_id", 255)):
+            given = options[option]
+            # A byte that is not UTF-8 arrives from the shell as a lone surrogate, which no column can hold.
+            if given is not None and (len(given) > limit or not given.isprintable() or _SURROGATE.search(given)):
+                raise CommandError(f"--{option.replace('_', '-')} takes at most {limit} printable characters.")
         agent = None
         if options["agent"]:
             agent = Agent.objects.filter(name=options["agent"]).first()
@@ -38,7 +47,7 @@ class Command(BaseCommand):
                 )
         except OSError as exc:
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from None
-        except InvalidTrajectory as exc:
+        except (InvalidTrajectory, DomainError) as exc:  # the store's own refusals too (the header's metadata)
             raise CommandError(f"{path}: {exc.message}. Nothing was imported.") from None
         self.stdout.write(f"Imported thread {thread.pk} (agent {thread.agent.name}, status {thread.status}).")
 

@@ -8,8 +8,8 @@ from typing import Any
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
-from checkpoints import codec
 from checkpoints.models import Branch, Checkpoint, Thread
+from quicksave.jsontext import UnstorableText, loads_strict, unstorable_character
 
 SUMMARY_DEFER = ("payload", "integrity")
 
@@ -63,38 +63,37 @@ def filter_threads(
 
 
 def parse_metadata_query(raw: str) -> dict[str, Any]:
-    """`q` is either a JSON object (containment) or `key:value` (value read as JSON when it parses).
+    """`q` is either a JSON object (containment) or `key:value` (value read as JSON when it parses,
+    as text otherwise: `k:NaN` looks for the string "NaN").
 
-    Raises ValueError naming what `q` must be: besides its shape, nothing PostgreSQL's jsonb
-    cannot hold (NaN, Infinity, a NUL character, a lone surrogate), which would fail the query.
+    Raises ValueError naming what `q` must be; that includes holding nothing PostgreSQL's jsonb
+    cannot (a NUL character, a lone surrogate), which would fail the query.
     """
     raw = raw.strip()
     if raw.startswith("{"):
-        value = codec.loads(raw)
+        try:
+            value = loads_strict(raw)
+        except ValueError:
+            raise ValueError("a JSON object (no NaN or Infinity, no NUL character or lone surrogate)") from None
         if not isinstance(value, dict):
             raise ValueError("a JSON object")
-        return _storable(value)
+        return value
     key, sep, text = raw.partition(":")
     if not sep or not key:
         raise ValueError("`key:value` or a JSON object")
     try:
-        parsed: Any = codec.loads(text)
+        parsed: Any = loads_strict(text)
+    except UnstorableText:
+        raise ValueError(_STORABLE_TEXT) from None
     except ValueError:
         parsed = text
-    return _storable({key.strip(): parsed})
-
-
-_UNSTORABLE = "JSON that PostgreSQL can store: no NaN, Infinity, NUL character or lone surrogate"
-
-
-def _storable(query: dict[str, Any]) -> dict[str, Any]:
-    try:
-        canonical = codec.to_canonical_bytes(query)
-    except codec.EncodingError:
-        raise ValueError(_UNSTORABLE) from None
-    if b"\\u0000" in canonical:  # how canonical JSON writes a NUL character
-        raise ValueError(_UNSTORABLE)
+    query = {key.strip(): parsed}
+    if unstorable_character(query) is not None:  # in the key, or in text that is not JSON
+        raise ValueError(_STORABLE_TEXT)
     return query
+
+
+_STORABLE_TEXT = "text without a NUL character or lone surrogate"
 
 
 THREAD_SORTS: dict[str, tuple[str, str]] = {

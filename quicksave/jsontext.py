@@ -24,7 +24,7 @@ def _finite_float(text: str) -> float:
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 
 
-def _unstorable_character(value: Any) -> str | None:
+def unstorable_character(value: Any) -> str | None:
     """The first character of `value`'s strings or keys that PostgreSQL cannot store, if any."""
     pending = [value]
     while pending:
@@ -56,7 +56,7 @@ def loads_strict(text: str) -> Any:
         raise ValueError("it is nested too deeply") from None
     # Either can now only come from a \u escape (a raw NUL is invalid JSON), so most texts skip the walk.
     if "\\u0000" in text or "\\ud" in text or "\\uD" in text:
-        character = _unstorable_character(data)
+        character = unstorable_character(data)
         if character is not None:
             name = "a NUL character" if character == "\x00" else "a lone UTF-16 surrogate"
             raise UnstorableText(f"{name} (\\u{ord(character):04x})")

@@ -233,23 +233,25 @@ def test_hostile_list_filters_are_a_400(owner_client: APIClient, path: str, quer
 
 @pytest.mark.parametrize(
     "q",
-    ["k:NaN", "k:Infinity", "k:-Infinity", "k:1e400", '{"k": NaN}', '{"k": 1e999}', 'k:"a\\u0000b"',
-     '{"k\\u0000": 1}', 'k:"\\ud800"', '{"k": "\\udc00"}'],
+    ['{"k": NaN}', '{"k": 1e999}', '{"k\\u0000": 1}', '{"k": "\\udc00"}', 'k:"a\\u0000b"', 'k:"\\ud800"'],
 )  # fmt: skip
 def test_a_metadata_filter_postgresql_cannot_hold_is_a_400(
     world: dict[str, str], owner_client: APIClient, q: str
 ) -> None:
     response = owner_client.get(THREADS, {"q": q})
     error = assert_error(response, 400, "invalid", "q")
-    assert "NaN, Infinity, NUL character or lone surrogate" in error["message"]
+    assert "NUL character or lone surrogate" in error["message"]
 
 
 def test_a_metadata_filter_that_postgresql_can_hold_still_filters(owner_client: APIClient, thread: Thread) -> None:
-    thread.metadata = {"k": 1.5, "n": "x"}
+    thread.metadata = {"k": 1.5, "n": "x", "v": "NaN"}
     thread.save(update_fields=["metadata"])
     found = owner_client.get(THREADS, {"q": "k:1.5"}).json()["results"]
     assert [t["id"] for t in found] == [str(thread.pk)]
     assert owner_client.get(THREADS, {"q": '{"n": "x"}'}).json()["results"][0]["id"] == str(thread.pk)
+    # A value that is not JSON is text: `v:NaN` looks for the string, as `v:1e400` would.
+    assert [t["id"] for t in owner_client.get(THREADS, {"q": "v:NaN"}).json()["results"]] == [str(thread.pk)]
+    assert owner_client.get(THREADS, {"q": "k:1e400"}).json()["results"] == []
 
 
 def cursor(querystring: str) -> str:

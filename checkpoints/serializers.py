@@ -8,14 +8,14 @@ from typing import Any
 from rest_framework import serializers
 
 from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus, ToolResult
-from quicksave.api import FiniteFloatField, StrictSerializer
+from quicksave.api import StrictSerializer
 
 
 class ModelParamsSerializer(serializers.Serializer[Any]):
     name = serializers.CharField(required=False, allow_null=True, max_length=200)
     version = serializers.CharField(required=False, allow_null=True, max_length=100)
-    temperature = FiniteFloatField(required=False, allow_null=True)
-    top_p = FiniteFloatField(required=False, allow_null=True)
+    temperature = serializers.FloatField(required=False, allow_null=True)
+    top_p = serializers.FloatField(required=False, allow_null=True)
     seed = serializers.IntegerField(required=False, allow_null=True)
 
 

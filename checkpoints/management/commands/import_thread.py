@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 import tempfile
@@ -13,8 +12,6 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from agents.models import Agent
 from checkpoints.export import InvalidTrajectory, import_thread
 from quicksave.errors import DomainError
-
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class Command(BaseCommand):
@@ -31,8 +28,8 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         for option, limit in (("agent", 64), ("external_id", 255)):
             given = options[option]
-            # A byte that is not UTF-8 arrives from the shell as a lone surrogate, which no column can hold.
-            if given is not None and (len(given) > limit or not given.isprintable() or _SURROGATE.search(given)):
+            # A byte that is not UTF-8 arrives from the shell as a lone surrogate: not printable either.
+            if given is not None and (len(given) > limit or not given.isprintable()):
                 raise CommandError(f"--{option.replace('_', '-')} takes at most {limit} printable characters.")
         agent = None
         if options["agent"]:

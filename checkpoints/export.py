@@ -26,10 +26,11 @@ checked against its parent's, which is the row just before it except at a branch
 first checkpoint; so memory stays flat however long the thread is.
 
 Import checks the whole file first and writes nothing if any line is wrong (the error
-names the line and the field); then, in one transaction, creates the thread, its
-branches (`store.start_branch`) and its checkpoints (`store.append_checkpoint`, a
-stored snapshot's `state` or a stored delta's `patch`), so this installation computes
-its own MACs, snapshots and encryption. Everything gets a new id: the store makes
+names the line and the field; a line longer than `max_line_bytes()` is refused without
+reading the rest of it); then, in one transaction, creates the thread, its branches
+(`store.start_branch`) and its checkpoints (`store.append_checkpoint`, a stored
+snapshot's `state` or a stored delta's `patch`), so this installation computes its own
+MACs, snapshots and encryption. Everything gets a new id: the store makes
 every id, and new ids cannot collide with rows already here. `created_at` is the time
 of the import; the source thread's id is kept in the `thread.imported` event. Tool
 results, approvals, runs and events are not part of a trajectory.
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 from uuid import UUID
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Count, Max
 from django.utils import timezone
@@ -76,6 +78,8 @@ HEADER_KEYS = frozenset({
 })  # fmt: skip
 BRANCH_KEYS = frozenset({"name", "fork_point", "checkpoints"})
 END_KEYS = frozenset({"type", "checkpoints"})
+# Room on an import line for what is not a state or metadata: ids, label, model, branches.
+LINE_ROOM = 1024 * 1024
 
 
 # --------------------------------------------------------------------------- export
@@ -190,6 +194,18 @@ def _str(value: UUID | None) -> str | None:
 
 
 # --------------------------------------------------------------------------- import
+
+
+def max_line_bytes() -> int:
+    """The longest line (newline included) import reads.
+
+    A line holds at most one state (a stored delta is never larger than its state) and one
+    metadata object, each written as the store measures it; twice that, plus LINE_ROOM, is
+    generous, and a file that is one endless line (/dev/zero) stops there instead of filling memory.
+    """
+    state: int = settings.QUICKSAVE_MAX_STATE_BYTES
+    metadata: int = settings.QUICKSAVE_MAX_METADATA_BYTES
+    return 2 * (state + metadata) + LINE_ROOM
 
 
 class InvalidTrajectory(DomainError):
@@ -373,8 +389,22 @@ def _records(file: IO[bytes], header: ThreadHeader) -> Iterator[tuple[int, Check
             yield number, _checkpoint_line(obj, number, header)
 
 
+def raw_lines(file: IO[bytes]) -> Iterator[tuple[int, bytes]]:
+    """Each line of an import file with its number; one longer than `max_line_bytes()` is refused
+    before more of it is read."""
+    limit = max_line_bytes()
+    for number, raw in enumerate(iter(lambda: file.readline(limit + 1), b""), start=1):
+        if len(raw) > limit:
+            raise InvalidTrajectory(
+                f"the line is longer than {limit} bytes, the limit for a line (2 * (QUICKSAVE_MAX_STATE_BYTES + "
+                "QUICKSAVE_MAX_METADATA_BYTES) + 1 MiB); the import read no further.",
+                line=number,
+            )
+        yield number, raw
+
+
 def _json_lines(file: IO[bytes]) -> Iterator[tuple[int, dict[str, Any]]]:
-    for number, raw in enumerate(file, start=1):
+    for number, raw in raw_lines(file):
         if not raw.strip():
             raise InvalidTrajectory("the line is blank; every line must be a JSON object.", line=number)
         try:
@@ -405,9 +435,11 @@ def _thread_header(obj: dict[str, Any], number: int) -> ThreadHeader:
             "is this a Quicksave export?",
             line=number, field="type",
         )  # fmt: skip
-    if obj.get("version") != VERSION:
+    version = obj.get("version")
+    # Not just `!= VERSION`: true and 1.0 both equal 1 in Python.
+    if isinstance(version, bool) or not isinstance(version, int) or version != VERSION:
         raise InvalidTrajectory(
-            f"version {obj.get('version')!r} is not one this Quicksave reads (it reads {VERSION}).",
+            f"version {version!r} is not one this Quicksave reads (it reads {VERSION}).",
             line=number, field="version",
         )  # fmt: skip
     _known_keys(obj, HEADER_KEYS, number, what="the thread header")
@@ -534,10 +566,11 @@ class _Fields:
         value = self._get(name, null=null)
         if value is None:
             return None
-        try:
-            return UUID(value) if isinstance(value, str) else None
-        except ValueError:
-            pass
+        if isinstance(value, str):
+            try:
+                return UUID(value)
+            except ValueError:
+                pass
         raise self._fail(name, f"must be a UUID string, not {value!r}.")
 
     def string(self, name: str, *, max_length: int | None = None, empty: bool = True, null: bool = False) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tracemalloc
 from pathlib import Path
 from typing import Any
@@ -269,6 +270,11 @@ def _set_patch(record: dict[str, Any], patch: list[dict[str, Any]]) -> None:
     record["patch"] = patch
 
 
+def _set_state(record: dict[str, Any], state: dict[str, Any]) -> None:
+    record.pop("patch", None)
+    record["state"] = state
+
+
 MALFORMED = [
     # (what is wrong, line, edit, line and field named in the error)
     ("a bad status", 3, lambda r: r.update(status="sleeping"), "line 3, field `status`"),
@@ -280,6 +286,16 @@ MALFORMED = [
      "line 4, field `parent`"),
     ("an unknown branch", 6, lambda r: r.update(branch="nope"), "line 6, field `branch`"),
     ("a newer format version", 1, lambda r: r.update(version=2), "line 1, field `version`"),
+    # Python takes true and 1.0 for 1; the format means the integer.
+    ("a version of true", 1, lambda r: r.update(version=True), "line 1, field `version`"),
+    ("a version of 1.0", 1, lambda r: r.update(version=1.0), "line 1, field `version`"),
+    # An id that is not a string used to be read as null.
+    ("a thread id that is a number", 1, lambda r: r.update(id=1), "line 1, field `id`: must be a UUID string"),
+    ("a fork point that is a number", 1, lambda r: r["branches"][1].update(fork_point=4),
+     "line 1, field `branches[1].fork_point`: must be a UUID string"),
+    ("a checkpoint id that is a number", 2, lambda r: r.update(id=5), "line 2, field `id`: must be a UUID string"),
+    ("a parent that is a list", 4, lambda r: r.update(parent=[r["parent"]]),
+     "line 4, field `parent`: must be a UUID string"),
     ("a header without branches", 1, lambda r: r.pop("branches"), "line 1, field `branches`"),
     ("a truncated file", 12, None, "line 12: the file ends without its `end` line"),
     ("a missing checkpoint", 5, None, "line 5, field `parent`"),
@@ -324,6 +340,84 @@ def test_a_line_that_is_not_json_is_named(other_agent: Agent, thread: Thread) ->
     assert not Thread.objects.filter(agent=other_agent).exists()
 
 
+# --------------------------------------------------------------------------- oversized lines
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("over", "named"),
+    [(1, "line 3: the line is longer than {limit} bytes"), (0, "line 3, field `state`: The state would")],
+    ids=["one byte over the limit", "at the limit, read and left to the store"],
+)
+def test_import_command_refuses_a_line_over_the_limit_and_imports_nothing(
+    tmp_path: Path, settings: Any, other_agent: Agent, thread: Thread, over: int, named: str
+) -> None:
+    build_trajectory(thread)
+    lines = exported(thread).splitlines(keepends=True)
+    settings.QUICKSAVE_MAX_STATE_BYTES = settings.QUICKSAVE_MAX_METADATA_BYTES = 1024
+    limit = export.max_line_bytes()
+    record = json.loads(lines[2])
+    _set_state(record, {"pad": ""})
+    record["state"]["pad"] = "x" * (limit + over - len(json.dumps(record)) - 1)
+    lines[2] = json.dumps(record).encode() + b"\n"
+    assert len(lines[2]) == limit + over
+    path = tmp_path / "big.jsonl"
+    path.write_bytes(b"".join(lines))
+    counts = (Thread.objects.count(), Branch.objects.count(), Checkpoint.objects.count(), Event.objects.count())
+    expected = re.escape(named.format(limit=limit))
+
+    with pytest.raises(CommandError, match=rf"big\.jsonl: {expected}.*Nothing was imported"):
+        call_command("import_thread", str(path), "--agent", "code-review", stdout=io.StringIO(), stderr=io.StringIO())
+    assert (Thread.objects.count(), Branch.objects.count(), Checkpoint.objects.count(),
+            Event.objects.count()) == counts  # fmt: skip
+
+
+class _Endless(io.RawIOBase):
+    """/dev/zero, except that it fails the test instead of filling memory when read far past `stop`."""
+
+    def __init__(self, stop: int) -> None:
+        self.served, self.stop = 0, stop
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.served > self.stop:
+            raise AssertionError(f"the import read {self.served} bytes of one line")
+        size = len(buffer)
+        buffer[:size] = bytes(size)
+        self.served += size
+        return size
+
+
+@pytest.mark.django_db
+def test_an_endless_line_is_refused_at_the_limit_without_reading_on(settings: Any, other_agent: Agent) -> None:
+    settings.QUICKSAVE_MAX_STATE_BYTES = settings.QUICKSAVE_MAX_METADATA_BYTES = 1024
+    limit = export.max_line_bytes()
+    endless = _Endless(stop=4 * limit)
+    before = Thread.objects.count()
+
+    with pytest.raises(InvalidTrajectory, match=rf"^line 1: the line is longer than {limit} bytes"):
+        import_thread(file=io.BufferedReader(endless), agent=other_agent)
+    assert endless.served <= limit + io.DEFAULT_BUFFER_SIZE
+    assert Thread.objects.count() == before
+
+
+@pytest.mark.django_db
+def test_import_from_stdin_stops_an_endless_line_while_spooling_it(
+    settings: Any, other_agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings.QUICKSAVE_MAX_STATE_BYTES = settings.QUICKSAVE_MAX_METADATA_BYTES = 1024
+    limit = export.max_line_bytes()
+    endless = _Endless(stop=4 * limit)
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(endless)))
+
+    with pytest.raises(CommandError, match=rf"^-: line 1: the line is longer than {limit} bytes"):
+        call_command("import_thread", "-", "--agent", "code-review", stdout=io.StringIO(), stderr=io.StringIO())
+    assert endless.served <= limit + io.DEFAULT_BUFFER_SIZE
+    assert not Thread.objects.exists()
+
+
 @pytest.mark.django_db
 def test_import_command_reports_the_line_and_imports_nothing(tmp_path: Path, other_agent: Agent) -> None:
     path = tmp_path / "bad.jsonl"
@@ -362,3 +456,11 @@ def test_import_command_refuses_an_option_no_column_can_hold(tmp_path: Path, opt
 
     with pytest.raises(CommandError, match="printable characters"):
         call_command("import_thread", str(path), option, value, stdout=io.StringIO(), stderr=io.StringIO())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("target", ["missing/trip.jsonl", "."], ids=["missing directory", "a directory"])
+def test_export_to_a_path_that_cannot_be_written_names_it(tmp_path: Path, thread: Thread, target: str) -> None:
+    path = tmp_path / target
+    with pytest.raises(CommandError, match=f"Cannot write the export to {re.escape(str(path))}: "):
+        call_command("export_thread", str(thread.pk), "-o", str(path), stderr=io.StringIO())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, BinaryIO
 from uuid import UUID
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -28,7 +28,7 @@ class Command(BaseCommand):
         if thread is None:
             raise CommandError(f"Thread {thread_id} does not exist.")
         path = options["output"]
-        out = open(path, "wb") if path else sys.stdout.buffer  # noqa: SIM115 (closed below, stdout left open)
+        out = _opened(path) if path else sys.stdout.buffer
         written = 0
         try:
             for record in trajectory(thread):
@@ -44,3 +44,11 @@ class Command(BaseCommand):
                 out.flush()
         if path:
             self.stderr.write(f"Exported {written} checkpoint(s) of thread {thread.pk} to {path}.")
+
+
+def _opened(path: str) -> BinaryIO:
+    """The output file, made or emptied; a path that cannot be written is named in a CommandError."""
+    try:
+        return open(path, "wb")
+    except OSError as exc:
+        raise CommandError(f"Cannot write the export to {path}: {exc.strerror or exc}.") from None

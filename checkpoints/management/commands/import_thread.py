@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 import tempfile
 from typing import IO, Any
@@ -10,7 +9,7 @@ from typing import IO, Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.models import Agent
-from checkpoints.export import InvalidTrajectory, import_thread
+from checkpoints.export import InvalidTrajectory, import_thread, raw_lines
 from quicksave.errors import DomainError
 
 
@@ -45,15 +44,22 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"Cannot read {path}: {exc.strerror or exc}") from None
         except (InvalidTrajectory, DomainError) as exc:  # the store's own refusals too (the header's metadata)
-            raise CommandError(f"{path}: {exc.message}. Nothing was imported.") from None
+            message = exc.message if exc.message.endswith((".", "?")) else f"{exc.message}."
+            raise CommandError(f"{path}: {message} Nothing was imported.") from None
         self.stdout.write(f"Imported thread {thread.pk} (agent {thread.agent.name}, status {thread.status}).")
 
     def _open(self, path: str) -> IO[bytes]:
         if path != "-":
             return open(path, "rb")
-        # The file is read twice (checked, then written), so stdin is spooled first.
+        # The file is read twice (checked, then written), so stdin is spooled first, a line at a
+        # time, so that an endless line stops at the limit here too.
         spool = tempfile.TemporaryFile()  # noqa: SIM115 (closed by the caller's with)
-        shutil.copyfileobj(sys.stdin.buffer, spool)
+        try:
+            for _, raw in raw_lines(sys.stdin.buffer):
+                spool.write(raw)
+        except BaseException:
+            spool.close()
+            raise
         spool.seek(0)
         return spool
 

@@ -417,6 +417,10 @@ def test_retention_command_shows_and_sets_the_policy(agent: Agent) -> None:
         (["--compact-after", "100"], "(--keep-every) is needed with compaction after 100 checkpoints"),
         (["--compact-after", "never", "--keep-every", "3"], "cannot be set while compaction is being turned off"),
         (["--keep-every", "-3"], "--keep-every takes a whole number; got '-3'."),
+        (["--completed-days", "\u00b2"], "--completed-days takes a whole number, or 'forever'; got '\u00b2'."),
+        (["--failed-days", "\u0663"], "--failed-days takes a whole number, or 'forever'; got '\u0663'."),
+        (["--compact-after", "9" * 5000], "--compact-after is out of range: got a number of 5000 digits."),
+        (["--completed-days", "0" * 30 + "99999"], "from 1 to 36500; got 99999."),
     ],
 )
 def test_retention_command_refuses_bad_values_precisely(agent: Agent, args: list[str], message: str) -> None:

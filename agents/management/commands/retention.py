@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -17,6 +18,10 @@ OPTIONS = {
     "compact_after": ("--compact-after", "never"),
     "keep_every": ("--keep-every", None),
 }
+
+DIGITS = re.compile(r"[0-9]+")
+# More digits than any setting's limit (retention.MAX_COUNT has ten) can be refused unread.
+MAX_DIGITS = 18
 
 
 class Command(BaseCommand):
@@ -74,7 +79,10 @@ def _parse(raw: str, *, option: str, clear: str | None) -> int | None:
     value = raw.strip().lower()
     if clear is not None and value == clear:
         return None
-    if not value.isdigit():
+    # ASCII digits only: str.isdigit() also takes '²' (which int() refuses) and other scripts' digits.
+    if not DIGITS.fullmatch(value):
         also = f", or '{clear}'" if clear else ""
         raise CommandError(f"{option} takes a whole number{also}; got '{raw}'.")
+    if len(value.lstrip("0")) > MAX_DIGITS:  # far beyond any limit, and int() refuses 4,301 digits
+        raise CommandError(f"{option} is out of range: got a number of {len(value)} digits.")
     return int(value)

@@ -3,8 +3,11 @@ edits state, cancels and manages keys. `grantrole` and the dashboard use these d
 
 from __future__ import annotations
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AnonymousUser, Group, Permission, User
+from django.core.exceptions import ValidationError
 from django.db import transaction
+from django.db.models import Field
 
 from approvals import audit
 
@@ -19,6 +22,21 @@ _ADMIN = [*_REVIEW, "checkpoints.fork_thread", "checkpoints.cancel_thread", "che
           "checkpoints.add_thread", "checkpoints.add_checkpoint", "agents.add_agentkey",
           "agents.change_agentkey"]  # fmt: skip
 ROLE_PERMISSIONS: dict[str, list[str]] = {VIEWER: _VIEW, REVIEWER: _REVIEW, ADMIN: _ADMIN}
+
+
+def username_problem(name: str) -> str | None:
+    """Why `name` cannot be a user name (too long, characters the user model refuses, bytes that
+    are not UTF-8), or None when it can: commands check a name before they look it up or create it."""
+    users = get_user_model()
+    field = users._meta.get_field(users.USERNAME_FIELD)
+    assert isinstance(field, Field)
+    if not name:
+        return "A user name cannot be empty."
+    try:
+        field.run_validators(name)
+    except ValidationError as exc:
+        return " ".join(exc.messages)
+    return None
 
 
 def _permissions(names: list[str]) -> list[Permission]:

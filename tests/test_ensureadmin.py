@@ -67,3 +67,24 @@ def test_existing_plain_user_with_the_admin_name_is_not_promoted_silently(db: An
         ensureadmin()
 
     assert not User.objects.filter(is_superuser=True).exists()
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("a" * 200, "at most 150 characters (it has 200)"),
+        ("root admin", "Enter a valid username"),
+        ("adm\udcffin", "Enter a valid username"),  # an environment value that was not UTF-8
+    ],
+    ids=["too long", "a space", "not UTF-8"],
+)
+def test_an_admin_name_no_user_can_have_is_refused_before_anything_is_made(
+    db: Any, monkeypatch: pytest.MonkeyPatch, name: str, problem: str
+) -> None:
+    monkeypatch.setenv("QUICKSAVE_ADMIN_USER", name)
+
+    with pytest.raises(CommandError, match=r"QUICKSAVE_ADMIN_USER .* cannot be a user name: ") as refused:
+        ensureadmin()
+
+    assert problem in str(refused.value)
+    assert not User.objects.exists()

@@ -41,6 +41,14 @@ def test_grantrole_names_an_unknown_user(db: Any) -> None:
         call_command("grantrole", "ghost", "viewer")
 
 
+@pytest.mark.parametrize("name", ["r" * 200, "ri\udcffta"], ids=["too long", "not UTF-8"])
+def test_grantrole_refuses_a_name_no_user_can_have(db: Any, name: str) -> None:
+    with pytest.raises(CommandError, match=r"No user can be named .*: (Ensure this value|Enter a valid username)"):
+        call_command("grantrole", name, "viewer")
+
+    assert not AuditEntry.objects.exists()
+
+
 def test_grantrole_records_the_grant_and_the_previous_role_in_the_audit_trail(db: Any) -> None:
     User.objects.create_user("rita", password="pw-12345678")
     call_command("grantrole", "rita", "reviewer", stdout=StringIO())

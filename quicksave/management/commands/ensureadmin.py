@@ -9,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from quicksave.env import envstr
+from quicksave.roles import username_problem
 
 
 class Command(BaseCommand):
@@ -23,6 +24,8 @@ class Command(BaseCommand):
             self.stdout.write("admin user exists")
             return
         username = envstr("QUICKSAVE_ADMIN_USER") or "admin"
+        if problem := username_problem(username):
+            raise CommandError(f"QUICKSAVE_ADMIN_USER {username!r} cannot be a user name: {problem}")
         if users.objects.filter(username=username).exists():
             raise CommandError(
                 f"User {username!r} exists but is not a superuser; promote it with `manage.py shell` "

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from approvals.audit import cli_actor_name
-from quicksave.roles import ROLES, grant_role
+from quicksave.roles import ROLES, grant_role, username_problem
 
 
 class Command(BaseCommand):
@@ -20,6 +20,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         User = get_user_model()
+        if problem := username_problem(options["user"]):
+            raise CommandError(f"No user can be named {options['user']!r}: {problem}")
         try:
             user = User.objects.get(**{User.USERNAME_FIELD: options["user"]})
         except User.DoesNotExist:

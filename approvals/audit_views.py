@@ -10,7 +10,7 @@ from uuid import UUID
 
 from django import forms
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import PermissionDenied
 from django.db.models import Q
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from approvals.models import AuditEntry
-from quicksave.forms import DateTimeInRangeField
+from quicksave.forms import DateTimeInRangeField, invalid_filters
 from quicksave.roles import ADMIN, role_of
 
 PAGE_SIZE = 100
@@ -29,12 +29,13 @@ TARGET_ARGS = {"thread": "thread_id", "checkpoint": "checkpoint_id", "approval":
 
 
 class AuditFilterForm(forms.Form):
-    actor = forms.CharField(required=False, max_length=150)
-    action = forms.ChoiceField(required=False)
-    thread = forms.UUIDField(required=False)
-    since = DateTimeInRangeField(required=False)
-    until = DateTimeInRangeField(required=False)
-    older = forms.CharField(required=False, max_length=200)
+    # Labelled as on the page, so a 400 names the filter the reader typed into.
+    actor = forms.CharField(required=False, max_length=150, label="Actor")
+    action = forms.ChoiceField(required=False, label="Action")
+    thread = forms.UUIDField(required=False, label="Thread id")
+    since = DateTimeInRangeField(required=False, label="Since")
+    until = DateTimeInRangeField(required=False, label="Before")
+    older = forms.CharField(required=False, max_length=200, label="Page link")
 
     def __init__(self, *args: Any, actions: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -91,9 +92,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     actions = list(AuditEntry.objects.order_by("action").values_list("action", flat=True).distinct())
     form = AuditFilterForm(request.GET, actions=actions)
     if not form.is_valid():
-        raise BadRequest(
-            "Those filters do not work: " + "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
-        )
+        raise invalid_filters(form)
     data = form.cleaned_data
     entries = AuditEntry.objects.all()
     if data["actor"]:

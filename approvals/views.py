@@ -8,7 +8,7 @@ from uuid import UUID
 
 from django import forms
 from django.contrib.auth.models import User
-from django.core.exceptions import BadRequest, PermissionDenied
+from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -23,14 +23,15 @@ from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
+from quicksave.forms import invalid_filters
 from quicksave.jsontext import loads_strict
 
 INBOX_SIZE = 100
 
 
 class InboxFilterForm(forms.Form):
-    agent = forms.SlugField(required=False, max_length=64)
-    status = forms.ChoiceField(required=False, choices=[("", "Pending"), *ApprovalStatus.choices])
+    agent = forms.SlugField(required=False, max_length=64, label="Agent")
+    status = forms.ChoiceField(required=False, choices=[("", "Pending"), *ApprovalStatus.choices], label="Status")
 
 
 def _approvals(user: Any) -> Any:
@@ -43,9 +44,7 @@ def _approvals(user: Any) -> Any:
 def inbox(request: HttpRequest) -> HttpResponse:
     form = InboxFilterForm(request.GET)
     if not form.is_valid():
-        raise BadRequest(
-            "Those filters do not work: " + "; ".join(f"{k}: {' '.join(map(str, v))}" for k, v in form.errors.items())
-        )
+        raise invalid_filters(form)
     status = form.cleaned_data["status"] or ApprovalStatus.PENDING
     approvals = _approvals(request.user).filter(status=status).defer("checkpoint__payload")
     if form.cleaned_data["agent"]:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
+from django.core.exceptions import BadRequest
 from django.utils import timezone
 
 
@@ -26,3 +27,13 @@ class DateTimeInRangeField(forms.DateTimeField):
         except OverflowError:
             raise forms.ValidationError(self.error_messages["out_of_range"], code="out_of_range") from None
         return parsed
+
+
+def invalid_filters(form: forms.Form) -> BadRequest:
+    """The 400 for a page's filter form that did not validate, naming each field by the label its
+    page shows and what is wrong with it."""
+    problems = "; ".join(
+        f"{form.fields[name].label or name.capitalize()}: {' '.join(map(str, errors))}"
+        for name, errors in form.errors.items()
+    )
+    return BadRequest(f"Those filters do not work: {problems}")

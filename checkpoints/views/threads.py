@@ -19,7 +19,7 @@ from checkpoints import selectors, svg, timeline
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
 from checkpoints.views import viewer_required
-from quicksave.forms import DateTimeInRangeField
+from quicksave.forms import DateTimeInRangeField, invalid_filters
 
 PAGE_SIZE = 50
 SORT_CHOICES = [
@@ -38,7 +38,7 @@ class ThreadFilterForm(forms.Form):
     until = DateTimeInRangeField(required=False, label="Updated before")
     q = forms.CharField(required=False, max_length=500, label="Metadata")
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
-    cursor = forms.CharField(required=False, max_length=200)
+    cursor = forms.CharField(required=False, max_length=200, label="Page link")
 
     def clean_q(self) -> dict[str, Any] | None:
         raw = self.cleaned_data["q"].strip()
@@ -70,10 +70,7 @@ def _encode_cursor(position: tuple[datetime, str]) -> str:
 def thread_list(request: HttpRequest) -> HttpResponse:
     form = ThreadFilterForm(request.GET)
     if not form.is_valid():
-        problems = "; ".join(
-            f"{form.fields[name].label or name}: {' '.join(map(str, errors))}" for name, errors in form.errors.items()
-        )
-        raise BadRequest(f"Those filters do not work: {problems}")
+        raise invalid_filters(form)
     data = form.cleaned_data
     visible = visible_threads(request.user)
     filtered = selectors.filter_threads(

@@ -184,3 +184,12 @@ def test_the_query_count_does_not_grow_with_the_page(
     with django_assert_max_num_queries(9):
         response = client.get(URL, {"thread": str(thread.pk)})
     assert len(shown(response)) == 100
+
+
+def test_a_malformed_filter_is_named_as_the_page_labels_it_and_the_400_page_leads_back(admin: User) -> None:
+    response = signed_in(admin).get(URL, {"until": "2025-13-45", "actor": "ada"})
+
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert "Those filters do not work: Before: Enter a valid date/time." in body
+    assert f'<a class="button primary" href="{URL}">Start again without filters</a>' in body

@@ -352,3 +352,13 @@ def test_a_patch_that_doubles_the_state_with_each_op_is_stopped_at_the_state_lim
     error = assert_error(response, 413, "state_too_large", "grow past its limit")
     assert error["detail"] == {"field": "patch", "limit": 100_000}
     assert row_counts() == before
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["/admin/approvals/auditentry/?action=%00", "/admin/approvals/auditentry/?q=a%00b", "/admin/auth/user/?q=%00"],
+)
+def test_a_nul_in_a_django_admin_filter_is_a_400_page(admin_client: Any, url: str) -> None:
+    response = admin_client.get(url)
+    assert response.status_code == 400
+    assert "holds a NUL character" in response.content.decode()

@@ -57,9 +57,16 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "approvals": rows[:INBOX_SIZE],
         "truncated": len(rows) > INBOX_SIZE,
         "status": status,
+        "status_label": ApprovalStatus(status).label,
         "statuses": ApprovalStatus.choices,
         "agent": form.cleaned_data["agent"],
-        "agents": sorted({approval.thread.agent.name for approval in rows}),
+        # Every agent with approvals here, not only those shown: the filter suggests the others.
+        "agents": list(
+            _approvals(request.user)
+            .order_by("thread__agent__name")
+            .values_list("thread__agent__name", flat=True)
+            .distinct()
+        ),
         "now": timezone.now(),
     }
     return render(request, "approvals/inbox.html", context)

@@ -4,16 +4,28 @@ import { connectFeed } from "./live.js";
 const table = document.getElementById("inbox-body");
 const pendingOnly = document.body.dataset.inboxStatus === "pending";
 
-async function refresh() {
-  if (!table) {
-    location.reload(); // the empty state has no list to update
-    return;
-  }
-  // The server renders the list; fetch the same page and swap the part that changes.
+// The server renders the list under the page's own filters; fetch the same page and swap the
+// part that changes. The feed tells of every approval this person may see, filtered or not, so
+// an empty page reloads only when the fresh page has something to show (else, filtered to an
+// agent with nothing pending, it would reload on every sync for ever).
+let refreshing = null;
+
+function refresh() {
+  refreshing ??= fetchList().finally(() => {
+    refreshing = null;
+  });
+  return refreshing;
+}
+
+async function fetchList() {
   const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
   if (!response.ok) return;
   const page = new DOMParser().parseFromString(await response.text(), "text/html");
   const fresh = page.getElementById("inbox-body");
+  if (!table) {
+    if (fresh) location.reload(); // the empty state has no list to update
+    return;
+  }
   if (fresh) table.replaceChildren(...fresh.childNodes);
 }
 

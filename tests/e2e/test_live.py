@@ -140,3 +140,26 @@ def test_with_redis_killed_the_page_shows_offline_then_catches_up(browser: Any, 
     finally:
         stop(server)
         redis_server.kill()
+
+
+def test_an_inbox_filtered_to_an_agent_with_nothing_pending_stays_put(browser: Any, server_url: str) -> None:
+    """The feed tells of every pending approval, the filtered-out ones too: the empty page must not
+    take them for news and reload itself on every sync (it did, four times a second)."""
+    make_person("rita", "reviewer")
+    suspended_trip("trip-elsewhere")  # pending, for the agent `travel`
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    rita = Pages(context.new_page(), server_url, "filtered-inbox")
+    rita.login("rita")
+    loads: list[str] = []
+    rita.page.on("load", lambda page: loads.append(page.url))
+
+    rita.goto("/inbox/?agent=nobody")
+    rita.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+    rita.page.wait_for_timeout(3_000)  # several syncs' worth of time
+
+    assert len(loads) == 1, loads
+    assert rita.page.locator("h2").first.inner_text() == "No approvals match these filters"
+    assert rita.page.locator("#f-agent").input_value() == "nobody"
+    assert rita.page.locator("#agents-list option[value='travel']").count() == 1
+    rita.shot("filtered to nothing")
+    context.close()

@@ -236,7 +236,7 @@ def _confirm(
         "error": error.message if error else "",
         "error_field": error.detail.get("field", "") if error else "",
         "reason": request.POST.get("reason", "") if request.method == "POST" else "",
-        "pending_approvals": thread.approvals.filter(status="pending").count(),
+        "thread_pending_approvals": thread.approvals.filter(status="pending").count(),
         "queued_runs": thread.runs.filter(status="queued").count(),
         "checkpoint_count": Checkpoint.objects.filter(thread=thread).count() if action == "delete" else 0,
         "branch_placeholder": forks.plan_branch_name(thread.pk) if action == "rerun" else "",

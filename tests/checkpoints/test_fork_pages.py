@@ -13,6 +13,7 @@ from django.test import Client
 
 from agents.models import Run, RunReason
 from approvals.models import AuditEntry
+from approvals.services import request_approval
 from checkpoints import store
 from checkpoints.models import Branch, Checkpoint, Thread, ThreadKey, ThreadStatus
 from tests.conftest import person, signed_in
@@ -232,3 +233,19 @@ def test_deleting_through_the_api_needs_a_reason_and_answers_204(
     gone = admin.delete(url, data=json.dumps({"reason": "test data"}), content_type="application/json")
     assert gone.status_code == 204
     assert admin.get(url).status_code == 404
+
+
+@pytest.mark.parametrize("action", ["cancel", "resume", "delete"])
+def test_confirmation_pages_keep_the_inbox_count_of_the_whole_site(
+    admin: Client, thread: Thread, checkpoints: list[Checkpoint], action: str
+) -> None:
+    """The page counts this thread's pending approvals under a name of its own: it used to take
+    the nav's name and so showed this thread's count (or none) as the inbox badge."""
+    for trip in ("trip-2", "trip-3"):  # one pending approval a thread
+        other = store.create_thread(agent=thread.agent, external_id=trip)[0]
+        head = store.append_checkpoint(thread=other, parent=None, state={})
+        request_approval(thread=other, checkpoint=head, action="book_flight", args={"flight": "AZ611"})
+
+    page = admin.get(f"/threads/{thread.pk}/{action}/").content.decode()
+
+    assert '<span class="nav-count" aria-label="2 pending">2</span>' in page

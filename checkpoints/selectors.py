@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
 
-from checkpoints.models import Branch, Checkpoint, Thread
+from checkpoints.models import Branch, Checkpoint, Thread, ThreadStatus
 from quicksave.jsontext import UnstorableText, loads_strict, unstorable_character
 
+if TYPE_CHECKING:
+    from approvals.models import ApprovalRequest
+
 SUMMARY_DEFER = ("payload", "integrity")
+# A failure reason longer than this is cut on the page (the head checkpoint's metadata has it whole).
+FAILURE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class Attention:
+    """What a person looking at a thread should act on: the approval it waits for, or why it failed."""
+
+    approval: ApprovalRequest | None = None
+    failure: str | None = None
+
+
+def attention(thread: Thread, *, failure: bool = True) -> Attention:
+    """The thread's pending approval (a thread waits on one at a time), or, for a failed thread and
+    unless `failure` is False, the error its head checkpoint recorded (`metadata.error`; "" when it
+    recorded none)."""
+    from approvals.models import ApprovalStatus
+
+    approval = thread.approvals.filter(status=ApprovalStatus.PENDING).only("id", "action", "message", "created_at")
+    if (pending := approval.first()) is not None:
+        return Attention(approval=pending)
+    if not failure or thread.status != ThreadStatus.FAILED or thread.head_id is None:
+        return Attention()
+    metadata = Checkpoint.objects.filter(pk=thread.head_id).values_list("metadata", flat=True).first() or {}
+    error = metadata.get("error")
+    return Attention(failure=str(error)[:FAILURE_CHARS] if error is not None else "")
 
 
 def timeline(*, thread: Thread, branch: Branch, after_seq: int = 0, limit: int = 100) -> list[Checkpoint]:

@@ -11,7 +11,7 @@ from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from checkpoints import blobs, diffview, store
+from checkpoints import blobs, diffview, selectors, store
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
@@ -62,6 +62,8 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
             (result, diffview.short(result.result, limit=90), diffview.pretty(result.result)) for result in tool_results
         ],
         "tool_total": tool_total,
+        # Only what waits on a person: why the thread failed is the thread page's (and this step's metadata).
+        "attention": selectors.attention(thread, failure=False),
         **actions.fork_card(request, checkpoint, state),
     }
     return render(request, "checkpoints/checkpoint_detail.html", context)

@@ -171,6 +171,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "chart_svg": svg.state_chart(series, branch_name=selected.name, length=selected.length, page=page),
         "metadata": metadata,
         "more_metadata": more_metadata,
+        "attention": selectors.attention(thread),
         **_page_links(thread, selected, page),
     }
     return render(request, "checkpoints/thread_detail.html", context)

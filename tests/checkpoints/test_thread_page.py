@@ -18,9 +18,10 @@ from checkpoints import store, timeline
 from checkpoints.models import Checkpoint, Thread
 from tests.conftest import person
 
-# Measured at 11 (session, user, two permission reads, thread, role for the header, branches,
-# heads, timeline page, tree landmarks, chart samples); one spare for a harmless extra read.
-THREAD_PAGE_QUERIES = 12
+# Measured at 12 (session, user, two permission reads, thread, role for the header, branches,
+# heads, timeline page, tree landmarks, chart samples, a pending approval); one spare for a
+# harmless extra read.
+THREAD_PAGE_QUERIES = 13
 
 
 def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch: str | None = None,
@@ -321,3 +322,39 @@ def test_query_count_does_not_grow_with_the_thread(
         with django_assert_max_num_queries(THREAD_PAGE_QUERIES):
             response = page_client.get(url(thread, query))
         assert response.status_code == 200
+
+
+def test_a_thread_waiting_for_a_decision_leads_to_the_request_from_its_pages(
+    page_client: Client, thread: Thread
+) -> None:
+    from approvals.services import request_approval
+
+    first, second = grow(thread, 2)
+    approval = request_approval(thread=thread, checkpoint=second, action="book_flight", args={"flight": "AZ611"},
+                                message="Book AZ611 for 492 EUR?")  # fmt: skip
+    review = f'<a class="button primary" href="/inbox/{approval.pk}/">Review the request</a>'
+
+    for page in (url(thread), f"/checkpoints/{second.pk}/", f"/checkpoints/{first.pk}/"):
+        body = page_client.get(page).content.decode()
+        assert "Waiting for a decision:" in body and "book_flight" in body, page
+        assert review in body, page
+
+
+@pytest.mark.parametrize(("role", "resume"), [("viewer", False), ("admin", True)])
+def test_a_failed_thread_says_why_on_its_page(thread: Thread, role: str, resume: bool) -> None:
+    (first,) = grow(thread, 1)
+    store.append_checkpoint(thread=thread, parent=first, state={"n": 1}, status="failed", label="migrate orders",
+                            metadata={"error": "lock wait timeout on <orders>"})  # fmt: skip
+    client = Client()
+    client.force_login(person("pat", role))
+
+    body = client.get(url(thread)).content.decode()
+
+    assert "This thread failed</strong>: " in body
+    assert '<span class="mono failure-reason">lock wait timeout on &lt;orders&gt;</span>' in body
+    assert (f'<a class="button primary" href="/threads/{thread.pk}/resume/">Resume…</a>' in body) is resume
+
+
+def test_a_running_thread_has_nothing_to_call_attention_to(page_client: Client, thread: Thread) -> None:
+    grow(thread, 2)
+    assert 'id="attention"' not in page_client.get(url(thread)).content.decode()

@@ -93,3 +93,30 @@ def test_a_rejection_needs_a_comment_and_a_viewer_sees_no_buttons(
     assert viewer.page.locator(f"tr[data-approval='{approval.pk}']").count() == 0
     assert viewer.errors == []
     viewer_context.close()
+
+
+def test_a_reviewer_on_a_phone_reads_and_decides_without_scrolling_sideways(
+    browser: Any, server_url: str, db: Any
+) -> None:
+    make_person("rita", "reviewer")
+    thread = start_thread(agent_class=TravelAgent, external_id="trip-phone", destination="FCO")
+    drain()
+    approval = ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    phone = Pages(context.new_page(), server_url, "phone")
+    phone.login("rita")
+
+    for path in ("/inbox/", f"/threads/{thread.pk}/", f"/checkpoints/{approval.checkpoint_id}/", "/"):
+        phone.goto(path)
+        width = phone.page.evaluate("document.documentElement.scrollWidth")
+        assert width <= 390, f"{path} is {width}px wide on a 390px screen"
+
+    phone.goto(f"/inbox/{approval.pk}/")
+    approve = phone.page.locator("#approve").bounding_box()
+    assert approve is not None and approve["x"] >= 0 and approve["x"] + approve["width"] <= 390
+    phone.shot("approval")
+    phone.page.tap("#approve")
+    phone.page.wait_for_load_state()
+    assert "Approved" in phone.page.locator("#decision").inner_text()
+    assert phone.errors == []
+    context.close()

@@ -1,4 +1,9 @@
-// The decision page: check the edited arguments are JSON before they are sent.
+// The decision page: edited arguments are checked as JSON before they are sent, a high-risk
+// approval is confirmed with its arguments in view, the plain Approve waits while arguments are
+// being edited, and a decision taken elsewhere replaces the forms as soon as it is made.
+import { connectFeed } from "./live.js";
+
+const approvalId = document.body.dataset.approval;
 const form = document.getElementById("edit-form");
 const field = document.getElementById("edit-args");
 const errors = document.getElementById("args-errors");
@@ -23,5 +28,66 @@ if (form && field && errors) {
   field.addEventListener("input", check);
   form.addEventListener("submit", (event) => {
     if (!check()) event.preventDefault();
+  });
+}
+
+// Approving the arguments as proposed while an edit is open would drop the edit.
+const approveButton = document.getElementById("approve");
+const edit = document.getElementById("edit-approve");
+const hint = document.getElementById("approve-hint");
+
+function followEdit() {
+  approveButton.disabled = edit.open;
+  hint.hidden = !edit.open;
+}
+
+if (approveButton && edit && hint) {
+  edit.addEventListener("toggle", followEdit);
+  followEdit();
+}
+
+// A high-risk approval goes through only once confirmed in the dialog.
+const approveForm = document.getElementById("approve-form");
+const dialog = document.getElementById("confirm-approve");
+if (approveForm && dialog && "confirm" in approveForm.dataset) {
+  approveForm.addEventListener("submit", (event) => {
+    if (approveForm.dataset.confirmed) return;
+    event.preventDefault();
+    dialog.showModal();
+  });
+  dialog.addEventListener("close", () => {
+    if (dialog.returnValue !== "approve") return;
+    approveForm.dataset.confirmed = "yes";
+    approveForm.requestSubmit();
+  });
+}
+
+// Someone else decided: show their decision instead of forms that can only conflict now.
+async function showDecision() {
+  const decision = document.getElementById("decision");
+  if (!decision || !("pending" in decision.dataset)) return; // decided already on this page
+  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
+  if (!response.ok) return;
+  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const fresh = page.getElementById("decision");
+  if (fresh && !("pending" in fresh.dataset)) {
+    if (dialog?.open) dialog.close("cancel");
+    decision.replaceWith(fresh);
+    // The inbox count in the nav has one fewer now.
+    const badge = page.getElementById("nav-inbox");
+    if (badge) document.getElementById("nav-inbox")?.replaceChildren(...badge.childNodes);
+  }
+}
+
+if (approvalId && "pending" in (document.getElementById("decision")?.dataset ?? {})) {
+  connectFeed({
+    path: "/ws/inbox/",
+    ordered: false,
+    onEvent(event) {
+      if (event.type === "approval.decided" && event.data.approval === approvalId) showDecision();
+    },
+    onSync(event) {
+      if (!event.data.pending.includes(approvalId)) showDecision();
+    },
   });
 }

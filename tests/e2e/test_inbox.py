@@ -116,7 +116,11 @@ def test_a_reviewer_on_a_phone_reads_and_decides_without_scrolling_sideways(
     assert approve is not None and approve["x"] >= 0 and approve["x"] + approve["width"] <= 390
     phone.shot("approval")
     phone.page.tap("#approve")
-    phone.page.wait_for_load_state()
+    dialog = phone.page.locator("#confirm-approve").bounding_box()
+    assert dialog is not None and dialog["x"] >= 0 and dialog["x"] + dialog["width"] <= 390
+    phone.shot("confirm")
+    with phone.page.expect_navigation():
+        phone.page.tap("#confirm-approve-yes")
     assert "Approved" in phone.page.locator("#decision").inner_text()
     assert phone.errors == []
     context.close()

@@ -55,7 +55,9 @@ def test_approving_a_graphs_interrupt_in_the_inbox_resumes_the_graph_onto_its_ti
     assert tab.page.locator("#agent-message").inner_text() == "Book TP1350 to Lisbon?"
     tab.shot("langgraph approval")
 
-    tab.follow("#approve")
+    tab.page.click("#approve")  # high risk: the dialog shows the arguments first
+    assert "TP1350" in tab.page.locator("#confirm-approve").inner_text()
+    tab.follow("#confirm-approve-yes")
     assert "Approved" in tab.page.locator("#decision").inner_text()
 
     tab.goto(f"/threads/{thread.pk}/")

@@ -87,7 +87,8 @@ def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser:
 
     rita.goto(f"/inbox/{approval.pk}/")
     rita.page.click("#approve")
-    rita.page.wait_for_load_state()
+    with rita.page.expect_navigation():
+        rita.page.click("#confirm-approve-yes")
 
     ravi.page.wait_for_selector(row, state="detached", timeout=15_000)  # no reload
     ravi.shot("inbox after")
@@ -162,4 +163,44 @@ def test_an_inbox_filtered_to_an_agent_with_nothing_pending_stays_put(browser: A
     assert rita.page.locator("#f-agent").input_value() == "nobody"
     assert rita.page.locator("#agents-list option[value='travel']").count() == 1
     rita.shot("filtered to nothing")
+    context.close()
+
+
+def test_an_approval_page_asks_before_a_high_risk_approval_and_shows_a_decision_taken_elsewhere(
+    browser: Any, server_url: str
+) -> None:
+    rita, ravi = make_person("rita", "reviewer"), make_person("ravi", "reviewer")
+    approval = suspended_trip("trip-two-desks")
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    page = Pages(context.new_page(), server_url, "two-desks")
+    page.login("rita")
+    page.goto(f"/inbox/{approval.pk}/")
+    page.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+
+    # Approve opens the confirmation with the arguments; Cancel decides nothing.
+    page.page.click("#approve")
+    assert page.page.locator("#confirm-approve").is_visible()
+    assert '"flight"' in page.page.locator("#confirm-approve pre").inner_text()
+    page.shot("confirm")
+    page.page.click("#confirm-approve-no")
+    assert not page.page.locator("#confirm-approve").is_visible()
+    approval.refresh_from_db()
+    assert approval.status == ApprovalStatus.PENDING
+
+    # While the arguments are being edited, the plain Approve would drop the edit: it waits.
+    page.page.click("#edit-approve summary")
+    assert page.page.locator("#approve").is_disabled()
+    assert page.page.locator("#approve-hint").is_visible()
+    page.page.click("#edit-approve summary")
+    assert page.page.locator("#approve").is_enabled()
+
+    # Ravi decides elsewhere: Rita's page shows it without a reload, and no form is left to conflict.
+    decide(approval=approval, user=ravi, decision="reject", comment="too dear")
+    page.page.wait_for_selector("#decision:not([data-pending])", timeout=15_000)
+    decided = page.page.locator("#decision").inner_text()
+    assert "Rejected" in decided and "ravi" in decided and "too dear" in decided
+    assert page.page.locator("#decision form").count() == 0
+    assert page.page.locator("#nav-inbox .nav-count").count() == 0  # nothing else is pending
+    assert rita.username == "rita" and page.errors == []
+    page.shot("decided elsewhere")
     context.close()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import json
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django import forms
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
+from django.db.models import F, Q
+from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
@@ -32,6 +36,25 @@ INBOX_SIZE = 100
 class InboxFilterForm(forms.Form):
     agent = forms.SlugField(required=False, max_length=64, label="Agent")
     status = forms.ChoiceField(required=False, choices=[("", "Pending"), *ApprovalStatus.choices], label="Status")
+    after = forms.CharField(required=False, max_length=200, label="Page link")
+
+    def clean_after(self) -> tuple[datetime, UUID] | None:
+        """The (time, id) of the last approval on the page before, from a link the page made."""
+        raw = self.cleaned_data["after"]
+        if not raw:
+            return None
+        try:
+            at, approval_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
+            if not isinstance(at, str) or not isinstance(approval_id, str):
+                raise ValueError("not a link this page made")
+            return datetime.fromisoformat(at), UUID(approval_id)
+        except (ValueError, TypeError):
+            raise forms.ValidationError("This page link is broken; start again from the first page.") from None
+
+
+def _encode_after(approval: ApprovalRequest) -> str:
+    position = [approval.at.isoformat(), str(approval.pk)]  # type: ignore[attr-defined]  # annotated
+    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode()
 
 
 def _approvals(user: Any) -> Any:
@@ -49,13 +72,33 @@ def inbox(request: HttpRequest) -> HttpResponse:
     approvals = _approvals(request.user).filter(status=status).defer("checkpoint__payload")
     if form.cleaned_data["agent"]:
         approvals = approvals.filter(thread__agent__name=form.cleaned_data["agent"])
-    # Pending work oldest first (it has waited longest); decided ones newest first.
-    ordered = approvals.order_by("created_at" if status == ApprovalStatus.PENDING else "-decided_at")
+    # Pending work oldest first (it has waited longest); decided ones newest first. Pages follow
+    # on from the (time, id) of the last one shown, so a decision meanwhile skips or repeats nothing.
+    after = form.cleaned_data["after"]
+    if status == ApprovalStatus.PENDING:
+        ordered = approvals.annotate(at=F("created_at")).order_by("at", "id")
+        if after is not None:
+            ordered = ordered.filter(Q(at__gt=after[0]) | Q(at=after[0], id__gt=after[1]))
+    else:
+        ordered = approvals.annotate(at=Coalesce("decided_at", "created_at")).order_by("-at", "-id")
+        if after is not None:
+            ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
     rows = list(ordered[: INBOX_SIZE + 1])
+    shown = rows[:INBOX_SIZE]
+    query = request.GET.copy()
+    query.pop("after", None)
+    first_query = query.urlencode()
+    next_query = None
+    if len(rows) > INBOX_SIZE:
+        query["after"] = _encode_after(shown[-1])
+        next_query = query.urlencode()
     context = {
         "nav": "inbox",
-        "approvals": rows[:INBOX_SIZE],
-        "truncated": len(rows) > INBOX_SIZE,
+        "approvals": shown,
+        "paged": after is not None,
+        "first_query": first_query,
+        "next_query": next_query,
+        "page_size": INBOX_SIZE,
         "status": status,
         "status_label": ApprovalStatus(status).label,
         "statuses": ApprovalStatus.choices,

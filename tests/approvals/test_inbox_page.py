@@ -1,0 +1,86 @@
+"""The inbox page pages through approvals by (time, id): every one once, in order, however many."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from agents.models import Agent
+from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.services import request_approval
+from checkpoints import store
+from tests.conftest import person, signed_in
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def reviewer_page(db: Any) -> Client:
+    return signed_in(person("rita", "reviewer"))
+
+
+def file_approvals(agent: Agent, count: int) -> list[ApprovalRequest]:
+    """One pending approval on each of `count` threads; two at a time share a timestamp."""
+    filed = []
+    start = timezone.now() - timedelta(hours=1)
+    for index in range(count):
+        thread = store.create_thread(agent=agent, external_id=f"trip-{index}")[0]
+        head = store.append_checkpoint(thread=thread, parent=None, state={})
+        approval = request_approval(thread=thread, checkpoint=head, action="book_flight", args={"n": index})
+        ApprovalRequest.objects.filter(pk=approval.pk).update(created_at=start + timedelta(minutes=index // 2))
+        filed.append(approval)
+    return filed
+
+
+def walk(client: Client, query: str) -> list[str]:
+    """The approval ids of every page from `query` on, following the Next links."""
+    seen: list[str] = []
+    url: str | None = f"/inbox/?{query}"
+    while url is not None:
+        page = client.get(url)
+        assert page.status_code == 200
+        body = page.content.decode()
+        seen += re.findall(r'<tr data-approval="([0-9a-f-]+)">', body)
+        following = re.search(r'<a class="button" rel="next" href="\?([^"]+)">', body)
+        url = f"/inbox/?{following.group(1).replace('&amp;', '&')}" if following else None
+    return seen
+
+
+def test_pending_approvals_page_oldest_first_without_gaps_or_repeats(
+    reviewer_page: Client, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("approvals.views.INBOX_SIZE", 3)
+    filed = file_approvals(agent, 8)
+    expected = [str(a.pk) for a in sorted(ApprovalRequest.objects.all(), key=lambda a: (a.created_at, a.pk))]
+
+    assert walk(reviewer_page, "") == expected
+    assert len(expected) == len(filed) == 8
+
+
+def test_decided_approvals_page_newest_first_without_gaps_or_repeats(
+    reviewer_page: Client, agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("approvals.views.INBOX_SIZE", 3)
+    filed = file_approvals(agent, 7)
+    decided_at = timezone.now() - timedelta(minutes=30)
+    for index, approval in enumerate(filed):
+        ApprovalRequest.objects.filter(pk=approval.pk).update(
+            status=ApprovalStatus.REJECTED, comment="no", decided_at=decided_at + timedelta(minutes=index // 2)
+        )
+    expected = [str(a.pk) for a in sorted(ApprovalRequest.objects.all(), key=lambda a: (a.decided_at, a.pk))][::-1]
+
+    first = reviewer_page.get("/inbox/?status=rejected").content.decode()
+    assert re.findall(r'<tr data-approval="([0-9a-f-]+)">', first) == expected[:3]
+    assert "First page" not in first and "Next 3" in first
+    assert walk(reviewer_page, "status=rejected") == expected
+
+
+def test_a_broken_page_link_is_a_400_naming_it(reviewer_page: Client) -> None:
+    response = reviewer_page.get("/inbox/?after=garbage")
+    assert response.status_code == 400
+    assert "Page link: This page link is broken" in response.content.decode()

@@ -89,3 +89,40 @@ class ThreadConsumer(live.EventConsumer):
         """Clients only listen; a ping gets a pong so they can check the link."""
         if isinstance(content, dict) and content.get("type") == "ping":
             await self.send_json({"type": "pong", "seq": self.last_seq})
+
+
+def _sees_every_thread(principal: Any) -> bool:
+    return bool(getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"))
+
+
+class ThreadListConsumer(live.EventConsumer):
+    """`/ws/threads/`: for the dashboard's thread list, `threads.changed` naming the threads that had
+    events, once per publisher round. For people who may read every thread; an agent key lists its
+    threads through the API."""
+
+    async def connect(self) -> None:
+        live.register_server_loop(asyncio.get_running_loop())
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return
+        if not await database_sync_to_async(_sees_every_thread)(user):
+            await self.close(code=4403)
+            return
+        self.joined = True
+        await self.channel_layer.group_add(live.THREADS_GROUP, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if getattr(self, "joined", False):
+            await self.channel_layer.group_discard(live.THREADS_GROUP, self.channel_name)
+
+    async def live_threads(self, message: dict[str, Any]) -> None:
+        await self.send_json(
+            {"type": "threads.changed", "seq": 0, "thread": None, "data": {"threads": message["threads"]}}
+        )
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; a ping gets a pong so they can check the link."""
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "seq": 0})

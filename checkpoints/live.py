@@ -29,6 +29,9 @@ from django.db import transaction
 log = logging.getLogger(__name__)
 
 INBOX_GROUP = "inbox"
+# The thread list's group: after each publisher round, the ids of the threads that had events.
+THREADS_GROUP = "threads"
+_THREAD_GROUP_PREFIX = "thread."
 INBOX_TYPES = frozenset({"approval.requested", "approval.decided"})
 # At most this many queued events go out in one publisher round.
 BATCH = 200
@@ -39,7 +42,7 @@ LINGER_SECONDS = 0.005
 
 
 def thread_group(thread_id: UUID | str) -> str:
-    return f"thread.{thread_id}"
+    return f"{_THREAD_GROUP_PREFIX}{thread_id}"
 
 
 def message(*, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any]) -> dict[str, Any]:
@@ -156,20 +159,30 @@ class _Publisher:
         if layer is None:
             return
         for group, events in batches.items():
-            if not _may_have_listeners(layer, group):
-                continue
             if len(events) == 1:
-                send = layer.group_send(group, {"type": "live.event", "event": events[0]})
+                self._send(layer, group, {"type": "live.event", "event": events[0]}, own_loop)
             else:
-                send = layer.group_send(group, {"type": "live.events", "events": events})
-            try:
-                server_loop = _server_loop
-                if server_loop is not None and server_loop.is_running():
-                    asyncio.run_coroutine_threadsafe(send, server_loop).result(timeout=5)
-                else:
-                    own_loop.run_until_complete(send)
-            except Exception:  # Redis down: clients catch up from the Event table
-                log.warning("could not publish %d event(s) to %s", len(events), group, exc_info=True)
+                self._send(layer, group, {"type": "live.events", "events": events}, own_loop)
+        # One message for the whole round tells the thread list which of its rows may have changed.
+        changed = sorted(
+            events[0]["thread"] for group, events in batches.items() if group.startswith(_THREAD_GROUP_PREFIX)
+        )
+        if changed:
+            self._send(layer, THREADS_GROUP, {"type": "live.threads", "threads": changed}, own_loop)
+
+    @staticmethod
+    def _send(layer: Any, group: str, message: dict[str, Any], own_loop: asyncio.AbstractEventLoop) -> None:
+        if not _may_have_listeners(layer, group):
+            return
+        send = layer.group_send(group, message)
+        try:
+            server_loop = _server_loop
+            if server_loop is not None and server_loop.is_running():
+                asyncio.run_coroutine_threadsafe(send, server_loop).result(timeout=5)
+            else:
+                own_loop.run_until_complete(send)
+        except Exception:  # Redis down: clients catch up from the Event table
+            log.warning("could not publish to %s", group, exc_info=True)
 
 
 def _may_have_listeners(layer: Any, group: str) -> bool:

@@ -127,7 +127,8 @@ async def test_a_burst_of_writes_arrives_in_order_once_each_though_sent_in_batch
     released = asyncio.Event()
 
     async def counting(group: str, message: dict[str, Any]) -> None:
-        messages.append(message["type"])
+        if group == live.thread_group(thread.pk):  # not the thread list's, if anyone listens there
+            messages.append(message["type"])
         await released.wait()  # the first send is slow: the rest of the burst queues up behind it
         await group_send(group, message)
 
@@ -236,7 +237,7 @@ async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(applic
     await communicator.disconnect()
 
 
-@pytest.mark.parametrize("path", ["/ws/threads/not-a-uuid/", "/ws/nothing/", "/ws/threads/"])
+@pytest.mark.parametrize("path", ["/ws/threads/not-a-uuid/", "/ws/nothing/", "/ws/threads/list/"])
 async def test_a_path_that_is_no_socket_of_ours_is_refused_with_4404(application: Any, path: str) -> None:
     viewer = await sync_to_async(_viewer)()
     communicator = await connect(application, path, viewer)
@@ -275,3 +276,42 @@ async def test_a_ping_still_gets_a_pong(application: Any) -> None:
 
     assert await communicator.receive_json_from(timeout=5) == {"type": "pong", "seq": 99}
     await communicator.disconnect()
+
+
+async def test_the_thread_list_feed_names_the_threads_that_had_events(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    quiet = await sync_to_async(_thread_with)(1)
+    await sync_to_async(live.flush)()  # its events are out before the list connects
+    communicator = await connect(application, "/ws/threads/", viewer)
+    connected, _ = await communicator.connect()
+    assert connected
+
+    busy = await sync_to_async(_thread_with)(3)  # a new thread, then three checkpoints
+
+    named: set[str] = set()
+    while str(busy.pk) not in named:
+        message = await communicator.receive_json_from(timeout=5)
+        assert message["type"] == "threads.changed" and message["thread"] is None
+        named.update(message["data"]["threads"])
+    assert str(quiet.pk) not in named
+    communicator.send_json_to({"type": "ping"})
+    assert (await communicator.receive_json_from(timeout=5))["type"] in ("pong", "threads.changed")
+    await communicator.disconnect()
+
+
+@pytest.mark.parametrize(("who", "code"), [("anonymous", 4401), ("stranger", 4403), ("agent-key", 4403)])
+async def test_the_thread_list_feed_is_for_people_who_may_read_every_thread(
+    application: Any, who: str, code: int
+) -> None:
+    def principal() -> Any:
+        if who == "anonymous":
+            return AnonymousUser()
+        if who == "stranger":
+            return User.objects.create_user("sam", password="pw-12345678")
+        _, raw = create_agent_key(agent=get_or_create_agent(name="travel"))
+        key = find_agent_key(raw)
+        assert key is not None
+        return AgentPrincipal(key)
+
+    communicator = await connect(application, "/ws/threads/", await sync_to_async(principal)())
+    assert await communicator.connect() == (False, code)

@@ -68,3 +68,29 @@ def test_a_person_without_a_role_is_told_to_ask_for_one(tab: Pages, db: Any) -> 
     assert "grantrole" in tab.page.locator("main").inner_text()
     assert tab.page.title() == "Not allowed · Quicksave"
     tab.errors.clear()  # Chromium logs the 403 response itself as a console error; that is the point here
+
+
+def test_the_thread_list_follows_new_threads_and_checkpoints_without_a_reload(tab: Pages, db: Any) -> None:
+    make_person("vera", "viewer")
+    seed_threads()
+    tab.login("vera")
+    loads: list[str] = []
+    tab.page.on("load", lambda page: loads.append(page.url))
+    tab.page.fill("#f-q", "customer:acme")  # half-typed filters survive the updates
+    tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+
+    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="run-live")
+    first = store.append_checkpoint(thread=thread, parent=None, state={}, step=0, label="start")
+    tab.page.wait_for_selector("#threads tbody tr:has-text('run-live')", timeout=15_000)
+    assert tab.page.locator("#threads tbody tr").first.inner_text().startswith("run-live")  # newest activity first
+
+    store.append_checkpoint(thread=thread, parent=first, state={"done": True}, step=1, label="finish",
+                            status="completed")  # fmt: skip
+    row = tab.page.locator("#threads tbody tr:has-text('run-live')")
+    tab.page.wait_for_function(
+        "() => document.querySelector('#threads tbody tr')?.innerText.includes('Completed')", timeout=15_000
+    )
+    assert "#2 finish" in row.inner_text()
+    assert "All 7" in tab.page.locator("#thread-counts").inner_text().replace("\n", " ")
+    assert loads == [] and tab.page.locator("#f-q").input_value() == "customer:acme"
+    tab.shot("live list")

@@ -37,7 +37,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         # An altered row is a finding to show, not a server error: the page says so
         # and shows no state, since nothing read past that row can be trusted.
         failure = exc.message
-    previous, following = _neighbours(checkpoint)
+    previous, following, head = _neighbours(checkpoint)
     tool_results, tool_total = _tool_results(checkpoint)
     # Values kept in blob storage are shown by a placeholder, a preview and a download link.
     shown, large = blobs.large_values(thread.pk, state) if state is not None else (None, [])
@@ -58,6 +58,8 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "model": [(name, value) for name, value in checkpoint.model.items() if value is not None],
         "previous": previous,
         "next": following,
+        # The branch's newest checkpoint when it is past `next`: the live notice offers both.
+        "branch_head": head,
         "tool_results": [
             (result, diffview.short(result.result, limit=90), diffview.pretty(result.result)) for result in tool_results
         ],
@@ -74,22 +76,26 @@ def thread_label(thread: Thread) -> str:
     return thread.external_id or str(thread.pk)[:8]
 
 
-def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None]:
-    """(previous, next): the parent, and the child that continues the same branch."""
-    # The next seq on the branch (seqs have gaps where compaction removed checkpoints).
+def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None, Checkpoint | None]:
+    """(previous, next, head): the parent, the child that continues the same branch, and the
+    branch's newest checkpoint when that is later still (else None)."""
+    # The next and the newest seq on the branch (seqs have gaps where compaction removed checkpoints).
     later = Checkpoint.objects.filter(thread_id=checkpoint.thread_id, branch_id=checkpoint.branch_id,
-                                      seq__gt=checkpoint.seq).order_by("seq").values("pk")[:1]  # fmt: skip
-    wanted = Q(pk=Subquery(later))
+                                      seq__gt=checkpoint.seq).values("pk")  # fmt: skip
+    wanted = Q(pk=Subquery(later.order_by("seq")[:1])) | Q(pk=Subquery(later.order_by("-seq")[:1]))
     if checkpoint.parent_id is not None:
         wanted |= Q(pk=checkpoint.parent_id)
-    previous = following = None
-    # One query for both: the parent may sit on another branch (the fork point).
-    for row in Checkpoint.objects.filter(wanted).select_related("branch").only("seq", "label", "branch__name"):
+    previous = following = head = None
+    # One query for all three: the parent may sit on another branch (the fork point).
+    rows = Checkpoint.objects.filter(wanted).select_related("branch").only("seq", "label", "branch__name")
+    for row in rows.order_by("seq"):
         if row.pk == checkpoint.parent_id:
             previous = row
-        else:
+        elif following is None:
             following = row
-    return previous, following
+        else:
+            head = row
+    return previous, following, head
 
 
 def _tool_results(checkpoint: Checkpoint) -> tuple[list[ToolResult], int]:

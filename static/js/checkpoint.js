@@ -1,5 +1,6 @@
 // Checkpoint page: j / k step to the next / previous checkpoint, the raw-JSON toggle,
-// expand / collapse all, and copying a node's JSON pointer.
+// expand / collapse all, copying a node's JSON pointer, and following the thread live.
+import { connectFeed } from "./live.js";
 
 const RAW_KEY = "quicksave.checkpoint.raw";
 
@@ -103,3 +104,81 @@ document.addEventListener("click", async (event) => {
     button.classList.remove("copied", "copy-failed");
   }, 1500));
 });
+
+// Live: a later checkpoint on this branch, an approval asked or decided, or a compaction refetches
+// the page and swaps only what those change. The state tree, the fork form and anything the
+// reader may be typing in stay as they are.
+const LIVE_REGIONS = ["step-nav", "newer-checkpoints", "checkpoint-attention"];
+const here = document.body.dataset;
+let newer = false; // the feed told of a later checkpoint on this branch: show the notice
+let timer = null;
+let fetching = false;
+let queued = false;
+
+function swap(id, page) {
+  const region = document.getElementById(id);
+  const fresh = page.getElementById(id);
+  if (!region || !fresh) return;
+  const before = [...region.children];
+  const after = [...fresh.children];
+  if (before.length !== after.length) {
+    region.replaceChildren(...fresh.childNodes);
+    return;
+  }
+  // Element by element: a link that did not change keeps its place and the keyboard focus.
+  before.forEach((element, i) => {
+    if (element.isEqualNode(after[i])) return;
+    element.replaceWith(after[i]);
+    after[i].classList.add("fresh");
+    setTimeout(() => after[i].classList.remove("fresh"), 2500); // the glow's length in checkpoint.css
+  });
+}
+
+async function refresh() {
+  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" }, cache: "no-store" });
+  if (!response.ok) return; // e.g. compaction removed this checkpoint: keep what is shown
+  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  if (newer) page.querySelector("#newer-checkpoints .newer")?.removeAttribute("hidden");
+  for (const id of LIVE_REGIONS) swap(id, page);
+}
+
+// At most one refetch in flight and one queued; a burst of events becomes one refetch.
+function schedule() {
+  if (timer) return; // about to refetch: that one sees this event too
+  if (fetching) {
+    queued = true;
+    return;
+  }
+  timer = setTimeout(async () => {
+    timer = null;
+    fetching = true;
+    try {
+      await refresh();
+    } catch {
+      /* offline: the feed reconnects and refetches */
+    } finally {
+      fetching = false;
+      if (queued) {
+        queued = false;
+        schedule();
+      }
+    }
+  }, 250);
+}
+
+if (here.thread) {
+  connectFeed({
+    path: `/ws/threads/${here.thread}/`,
+    afterSeq: Number(here.eventSeq || 0),
+    onEvent({ type, data = {} }) {
+      if (type === "checkpoint.created") {
+        if (data.branch !== here.branch || !(Number(data.seq) > Number(here.seq))) return;
+        newer = true;
+      } else if (!type.startsWith("approval.") && type !== "thread.compacted") {
+        return;
+      }
+      schedule();
+    },
+    onReconnect: schedule, // in case the events missed meanwhile were pruned before the replay
+  });
+}

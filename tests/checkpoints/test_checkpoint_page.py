@@ -198,6 +198,38 @@ def test_next_skips_a_gap_left_by_compaction(page_client: Client, trip: list[Che
     assert link(page_client.get(url(trip[2])).content.decode(), "next") == url(later)
 
 
+# --------------------------------------------------------------------------- live
+
+
+def test_the_page_carries_where_its_live_feed_starts(
+    page_client: Client, thread: Thread, trip: list[Checkpoint]
+) -> None:
+    html = page_client.get(url(trip[1])).content.decode()
+
+    thread.refresh_from_db()
+    assert thread.event_seq > 0
+    body = f'<body data-thread="{thread.pk}" data-event-seq="{thread.event_seq}" data-branch="main" data-seq="2">'
+    assert body in html
+    assert 'id="step-nav"' in html and 'id="newer-checkpoints"' in html and 'id="checkpoint-attention"' in html
+    assert "{#" not in html and "#}" not in html  # no template comment leaks onto the page
+
+
+def test_the_newer_notice_names_next_and_the_branch_head_and_waits_hidden(
+    page_client: Client, trip: list[Checkpoint]
+) -> None:
+    first = page_client.get(url(trip[0])).content.decode()
+    middle = page_client.get(url(trip[1])).content.decode()
+    last = page_client.get(url(trip[2])).content.decode()
+
+    notice = re.search(r'<p class="notice newer" hidden>(.*?)</p>', first, re.S)
+    assert notice is not None  # shown by checkpoint.js once the feed tells of a newer checkpoint
+    text = " ".join(notice.group(1).split())
+    assert f'#2 search_flights follows this one — <a href="{url(trip[1])}">open it</a>' in text
+    assert f'<a href="{url(trip[2])}">open the head, #3 search_hotels</a>' in text
+    assert 'class="notice newer"' in middle and "open the head" not in middle  # next is the head
+    assert 'class="notice newer"' not in last
+
+
 # --------------------------------------------------------------------------- tool results
 
 

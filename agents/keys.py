@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
+from datetime import timedelta
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -22,6 +24,26 @@ from agents.models import Agent, AgentKey
 from approvals import audit
 
 KEY_PREFIX = "qs_"
+# How fresh a key's `last_used_at` is kept (the agents page shows it).
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+AGENT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
+LABEL_MAX_CHARS: int = AgentKey._meta.get_field("label").max_length or 100
+
+
+def agent_name_problem(name: str) -> str | None:
+    """Why `name` cannot name an agent, or None when it can."""
+    if AGENT_NAME.fullmatch(name):
+        return None
+    return (
+        f"Agent names are 1 to 64 lowercase letters, digits, '-' or '_', starting with a letter or digit; got {name!r}."
+    )
+
+
+def label_problem(label: str) -> str | None:
+    """Why `label` cannot label a key, or None when it can."""
+    if len(label) <= LABEL_MAX_CHARS and label.isprintable():
+        return None
+    return f"A label is at most {LABEL_MAX_CHARS} printable characters; got {len(label)}."
 
 
 def _hash_secret(secret: str) -> str:
@@ -49,6 +71,24 @@ def create_agent_key(
         after={"agent": agent.name, "prefix": prefix, "label": label}, address=address,
     )  # fmt: skip
     return key, f"{KEY_PREFIX}{prefix}_{secret}"
+
+
+@transaction.atomic  # no agent is left behind without the key it was created for
+def issue_key(
+    *,
+    agent_name: str,
+    label: str = "",
+    actor: User | None = None,
+    actor_name: str | None = None,
+    address: str | None = None,
+) -> tuple[AgentKey, str]:
+    """Issue a key for the agent named `agent_name`, creating the agent if it is new; returns the
+    row and the plaintext key (never stored). Raises ValueError naming what is wrong with a name or
+    label (`agent_name_problem`, `label_problem`)."""
+    if (problem := agent_name_problem(agent_name) or label_problem(label)) is not None:
+        raise ValueError(problem)
+    agent = get_or_create_agent(name=agent_name)
+    return create_agent_key(agent=agent, label=label, actor=actor, actor_name=actor_name, address=address)
 
 
 # Tokens recently found valid, by SHA-256, so an agent writing many checkpoints a
@@ -85,7 +125,17 @@ def _lookup(raw: str) -> AgentKey | None:
     key = AgentKey.objects.select_related("agent").filter(prefix=prefix, revoked_at__isnull=True).first()
     if key is None or not hmac.compare_digest(key.secret_hash, _hash_secret(secret)):
         return None
+    _note_use(key)
     return key
+
+
+def _note_use(key: AgentKey) -> None:
+    """Keep `last_used_at` to the minute: a key looked up again within it writes nothing (and a
+    lookup happens only when the token is not in this process's cache)."""
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+        AgentKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
 
 
 @transaction.atomic

@@ -32,6 +32,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
     path("audit/", include("approvals.audit_urls")),
+    path("agents/", include("agents.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

@@ -184,3 +184,29 @@ def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(db: 
 
     assert not Agent.objects.filter(name="fresh").exists()
     assert not AgentKey.objects.exists()
+
+
+def test_a_key_in_use_shows_when_it_was_last_used_to_the_minute(db: Any, settings: Any) -> None:
+    from datetime import timedelta
+
+    from django.test.utils import CaptureQueriesContext
+
+    from agents.keys import find_agent_key, issue_key
+
+    settings.QUICKSAVE_KEY_CACHE_SECONDS = 0  # every call looks the key up
+    key, raw = issue_key(agent_name="travel")
+    assert key.last_used_at is None
+
+    assert find_agent_key(raw) is not None
+    key.refresh_from_db()
+    first = key.last_used_at
+    assert first is not None
+
+    with CaptureQueriesContext(connection) as queries:
+        find_agent_key(raw)  # within the minute: read, nothing written
+    assert [q["sql"] for q in queries if q["sql"].startswith("UPDATE")] == []
+
+    AgentKey.objects.filter(pk=key.pk).update(last_used_at=first - timedelta(minutes=2))
+    find_agent_key(raw)
+    key.refresh_from_db()
+    assert key.last_used_at is not None and key.last_used_at > first - timedelta(seconds=1)

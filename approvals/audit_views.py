@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -18,7 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from approvals.models import AuditEntry
-from quicksave.forms import DateTimeInRangeField, invalid_filters
+from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters
 from quicksave.roles import ADMIN, role_of
 
 PAGE_SIZE = 100
@@ -35,29 +33,13 @@ class AuditFilterForm(forms.Form):
     thread = forms.UUIDField(required=False, label="Thread id")
     since = DateTimeInRangeField(required=False, label="Since")
     until = DateTimeInRangeField(required=False, label="Before")
-    older = forms.CharField(required=False, max_length=200, label="Page link")
+    older = PageLinkField(id_type=int)
 
     def __init__(self, *args: Any, actions: list[str], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         action = self.fields["action"]
         assert isinstance(action, forms.ChoiceField)
         action.choices = [("", "Any action"), *((name, name) for name in actions)]
-
-    def clean_older(self) -> tuple[datetime, int] | None:
-        raw = self.cleaned_data["older"]
-        if not raw:
-            return None
-        try:
-            created_at, entry_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
-            if not isinstance(created_at, str) or type(entry_id) is not int:
-                raise ValueError("not a link this page made")
-            return datetime.fromisoformat(created_at), entry_id
-        except (ValueError, TypeError):
-            raise forms.ValidationError("This page link is broken; start again from the newest entries.") from None
-
-
-def _encode_older(entry: AuditEntry) -> str:
-    return base64.urlsafe_b64encode(json.dumps([entry.created_at.isoformat(), entry.pk]).encode()).decode()
 
 
 def admin_required(request: HttpRequest) -> None:
@@ -115,7 +97,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
     newest_query = query.urlencode()
     older_query = None
     if len(rows) > PAGE_SIZE:
-        query["older"] = _encode_older(shown[-1])
+        query["older"] = PageLinkField.link(shown[-1].created_at, shown[-1].pk)
         older_query = query.urlencode()
     filters_active = any(data[name] not in (None, "") for name in ("actor", "action", "thread", "since", "until"))
     context = {

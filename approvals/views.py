@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import base64
 import json
-from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -27,7 +25,7 @@ from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
-from quicksave.forms import invalid_filters
+from quicksave.forms import PageLinkField, invalid_filters
 from quicksave.jsontext import loads_strict
 
 INBOX_SIZE = 100
@@ -36,25 +34,7 @@ INBOX_SIZE = 100
 class InboxFilterForm(forms.Form):
     agent = forms.SlugField(required=False, max_length=64, label="Agent")
     status = forms.ChoiceField(required=False, choices=[("", "Pending"), *ApprovalStatus.choices], label="Status")
-    after = forms.CharField(required=False, max_length=200, label="Page link")
-
-    def clean_after(self) -> tuple[datetime, UUID] | None:
-        """The (time, id) of the last approval on the page before, from a link the page made."""
-        raw = self.cleaned_data["after"]
-        if not raw:
-            return None
-        try:
-            at, approval_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
-            if not isinstance(at, str) or not isinstance(approval_id, str):
-                raise ValueError("not a link this page made")
-            return datetime.fromisoformat(at), UUID(approval_id)
-        except (ValueError, TypeError):
-            raise forms.ValidationError("This page link is broken; start again from the first page.") from None
-
-
-def _encode_after(approval: ApprovalRequest) -> str:
-    position = [approval.at.isoformat(), str(approval.pk)]  # type: ignore[attr-defined]  # annotated
-    return base64.urlsafe_b64encode(json.dumps(position).encode()).decode()
+    after = PageLinkField(id_type=UUID)
 
 
 def _approvals(user: Any) -> Any:
@@ -90,7 +70,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     first_query = query.urlencode()
     next_query = None
     if len(rows) > INBOX_SIZE:
-        query["after"] = _encode_after(shown[-1])
+        query["after"] = PageLinkField.link(shown[-1].at, shown[-1].pk)  # `at`: annotated below
         next_query = query.urlencode()
     context = {
         "nav": "inbox",

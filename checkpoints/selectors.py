@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from django.db import connection
 from django.db.models import Count, Q, QuerySet
@@ -142,7 +143,7 @@ def status_counts(threads: QuerySet[Thread]) -> dict[str, int]:
 
 
 def thread_page(
-    threads: QuerySet[Thread], *, sort: str, after: tuple[datetime, str] | None, size: int
+    threads: QuerySet[Thread], *, sort: str, after: tuple[datetime, UUID | str] | None, size: int
 ) -> tuple[list[Thread], tuple[datetime, str] | None]:
     """One page of threads in `sort` order after the keyset position `after`, and the next position.
 

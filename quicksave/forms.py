@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import json
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
+from uuid import UUID
 
 from django import forms
 from django.core.exceptions import BadRequest
@@ -37,3 +41,38 @@ def invalid_filters(form: forms.Form) -> BadRequest:
         for name, errors in form.errors.items()
     )
     return BadRequest(f"Those filters do not work: {problems}")
+
+
+Id = TypeVar("Id", UUID, int)
+
+
+class PageLinkField(forms.CharField, Generic[Id]):
+    """A keyset page link a list page made: the (time, id) of the last row shown before, as
+    base64 of JSON. Cleans to that pair (None when absent); anything else is a broken link."""
+
+    default_error_messages = {"broken": "This page link is broken; start again from the first page."}
+
+    def __init__(self, *, id_type: Callable[[Any], Id], **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("max_length", 200)
+        kwargs.setdefault("label", "Page link")
+        super().__init__(**kwargs)
+        self.id_type: Callable[[Any], Id] = id_type
+
+    def clean(self, value: Any) -> tuple[datetime, Id] | None:
+        raw = super().clean(value)
+        if not raw:
+            return None
+        try:
+            at, row_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
+            if not isinstance(at, str) or type(row_id) is not (int if self.id_type is int else str):
+                raise ValueError("not a link a page made")
+            return datetime.fromisoformat(at), self.id_type(row_id)
+        except (ValueError, TypeError):
+            raise forms.ValidationError(self.error_messages["broken"], code="broken") from None
+
+    @staticmethod
+    def link(at: datetime, row_id: UUID | int | str) -> str:
+        """The page link that follows on from the row at (`at`, `row_id`)."""
+        position = [at.isoformat(), row_id if isinstance(row_id, int) else str(row_id)]
+        return base64.urlsafe_b64encode(json.dumps(position).encode()).decode()

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
-from datetime import datetime
 from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
@@ -19,7 +16,7 @@ from checkpoints import selectors, svg, timeline
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
 from checkpoints.views import viewer_required
-from quicksave.forms import DateTimeInRangeField, invalid_filters
+from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters
 
 PAGE_SIZE = 50
 SORT_CHOICES = [
@@ -38,7 +35,7 @@ class ThreadFilterForm(forms.Form):
     until = DateTimeInRangeField(required=False, label="Updated before")
     q = forms.CharField(required=False, max_length=500, label="Metadata")
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
-    cursor = forms.CharField(required=False, max_length=200, label="Page link")
+    cursor = PageLinkField(id_type=UUID)
 
     def clean_q(self) -> dict[str, Any] | None:
         raw = self.cleaned_data["q"].strip()
@@ -48,22 +45,6 @@ class ThreadFilterForm(forms.Form):
             return selectors.parse_metadata_query(raw)
         except ValueError as exc:
             raise forms.ValidationError(f"Write key:value or a JSON object ({exc}).") from None
-
-    def clean_cursor(self) -> tuple[datetime, str] | None:
-        raw = self.cleaned_data["cursor"]
-        if not raw:
-            return None
-        try:
-            value, last_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
-            if not isinstance(value, str) or not isinstance(last_id, str):
-                raise ValueError("not a link this page made")
-            return datetime.fromisoformat(value), str(UUID(last_id))
-        except (ValueError, TypeError):
-            raise forms.ValidationError("This page link is broken; start again from the first page.") from None
-
-
-def _encode_cursor(position: tuple[datetime, str]) -> str:
-    return base64.urlsafe_b64encode(json.dumps([position[0].isoformat(), position[1]]).encode()).decode()
 
 
 @viewer_required
@@ -89,7 +70,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
     query.pop("cursor", None)
     next_query = None
     if next_position is not None:
-        query["cursor"] = _encode_cursor(next_position)
+        query["cursor"] = PageLinkField.link(*next_position)
         next_query = query.urlencode()
     filters_active = any(data[name] not in (None, "") for name in ("agent", "status", "step", "since", "until", "q"))
     context = {

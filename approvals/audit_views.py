@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_safe
 
 from approvals.models import AuditEntry
-from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters
+from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 from quicksave.roles import ADMIN, role_of
 
 PAGE_SIZE = 100
@@ -92,13 +92,8 @@ def audit_list(request: HttpRequest) -> HttpResponse:
         entries = entries.filter(Q(created_at__lt=created_at) | Q(created_at=created_at, pk__lt=entry_id))
     rows = list(entries.order_by("-created_at", "-pk")[: PAGE_SIZE + 1])
     shown = rows[:PAGE_SIZE]
-    query = request.GET.copy()
-    query.pop("older", None)
-    newest_query = query.urlencode()
-    older_query = None
-    if len(rows) > PAGE_SIZE:
-        query["older"] = PageLinkField.link(shown[-1].created_at, shown[-1].pk)
-        older_query = query.urlencode()
+    following = PageLinkField.link(shown[-1].created_at, shown[-1].pk) if len(rows) > PAGE_SIZE else None
+    newest_query, older_query = page_queries(request, "older", following)
     filters_active = any(data[name] not in (None, "") for name in ("actor", "action", "thread", "since", "until"))
     context = {
         "nav": "audit",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -31,10 +30,7 @@ class InboxConsumer(live.EventConsumer):
     reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
 
     async def connect(self) -> None:
-        live.register_server_loop(asyncio.get_running_loop())
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+        if (user := await self.signed_in()) is None:
             return
         self.agent = user.agent.name if isinstance(user, AgentPrincipal) else None
         if self.agent is None and not await database_sync_to_async(_sees_everything)(user):

@@ -25,7 +25,7 @@ from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
-from quicksave.forms import PageLinkField, invalid_filters
+from quicksave.forms import PageLinkField, invalid_filters, page_queries
 from quicksave.jsontext import loads_strict
 
 INBOX_SIZE = 100
@@ -65,13 +65,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
             ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
     rows = list(ordered[: INBOX_SIZE + 1])
     shown = rows[:INBOX_SIZE]
-    query = request.GET.copy()
-    query.pop("after", None)
-    first_query = query.urlencode()
-    next_query = None
-    if len(rows) > INBOX_SIZE:
-        query["after"] = PageLinkField.link(shown[-1].at, shown[-1].pk)  # `at`: annotated below
-        next_query = query.urlencode()
+    following = PageLinkField.link(shown[-1].at, shown[-1].pk) if len(rows) > INBOX_SIZE else None  # `at`: annotated
+    first_query, next_query = page_queries(request, "after", following)
     context = {
         "nav": "inbox",
         "approvals": shown,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -42,11 +41,8 @@ class ThreadConsumer(live.EventConsumer):
     """
 
     async def connect(self) -> None:
-        live.register_server_loop(asyncio.get_running_loop())
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+        if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_can_view)(user, self.thread_id):
             await self.close(code=4404)
@@ -101,10 +97,7 @@ class ThreadListConsumer(live.EventConsumer):
     threads through the API."""
 
     async def connect(self) -> None:
-        live.register_server_loop(asyncio.get_running_loop())
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+        if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_sees_every_thread)(user):
             await self.close(code=4403)

@@ -58,6 +58,16 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
     """A websocket that receives the publisher's messages: `live.event` goes to `live_event`,
     which a consumer defines; `live.events` (a batch) hands it each event in order."""
 
+    async def signed_in(self) -> Any | None:
+        """The principal connecting (a person or an agent key), after noting the server's loop;
+        None, with the socket closed with 4401, when nobody is signed in."""
+        register_server_loop(asyncio.get_running_loop())
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=4401)
+            return None
+        return user
+
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         """Clients send only small JSON frames (a ping): a binary, oversized or unreadable one closes
         the socket with 4400 instead of failing in the consumer."""

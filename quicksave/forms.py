@@ -11,6 +11,7 @@ from uuid import UUID
 
 from django import forms
 from django.core.exceptions import BadRequest
+from django.http import HttpRequest
 from django.utils import timezone
 
 
@@ -76,3 +77,15 @@ class PageLinkField(forms.CharField, Generic[Id]):
         """The page link that follows on from the row at (`at`, `row_id`)."""
         position = [at.isoformat(), row_id if isinstance(row_id, int) else str(row_id)]
         return base64.urlsafe_b64encode(json.dumps(position).encode()).decode()
+
+
+def page_queries(request: HttpRequest, field: str, following: str | None) -> tuple[str, str | None]:
+    """The query strings of a list page's first page and of the page after this one (None when this
+    is the last): the page's own query with its page link `field` dropped, or set to `following`."""
+    query = request.GET.copy()
+    query.pop(field, None)
+    first = query.urlencode()
+    if following is None:
+        return first, None
+    query[field] = following
+    return first, query.urlencode()

@@ -16,7 +16,7 @@ from checkpoints import selectors, svg, timeline
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
 from checkpoints.views import viewer_required
-from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters
+from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 
 PAGE_SIZE = 50
 SORT_CHOICES = [
@@ -66,12 +66,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
         filtered.select_related("agent", "head").defer("head__payload", "head__integrity"),
         sort=sort, after=data["cursor"], size=PAGE_SIZE,
     )  # fmt: skip
-    query = request.GET.copy()
-    query.pop("cursor", None)
-    next_query = None
-    if next_position is not None:
-        query["cursor"] = PageLinkField.link(*next_position)
-        next_query = query.urlencode()
+    first_query, next_query = page_queries(request, "cursor", next_position and PageLinkField.link(*next_position))
     filters_active = any(data[name] not in (None, "") for name in ("agent", "status", "step", "since", "until", "q"))
     context = {
         "nav": "threads",
@@ -89,7 +84,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
         "has_any_thread": filters_active or bool(rows) or visible.exists(),
         "status_query": {value: _with(request, status=value) for value, _ in ThreadStatus.choices},
         "all_status_query": _with(request, status=""),
-        "first_query": _with(request),
+        "first_query": first_query,
     }
     return render(request, "checkpoints/thread_list.html", context)
 

@@ -55,6 +55,18 @@ def _suspended() -> Any:
     return request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
 
 
+def _principal(who: str, *, agent: str) -> Any:
+    """Someone a socket may refuse: "anonymous", a "stranger" with no role, or a key of `agent`."""
+    if who == "anonymous":
+        return AnonymousUser()
+    if who == "stranger":
+        return User.objects.create_user("sam", password="pw-12345678")
+    _, raw = create_agent_key(agent=get_or_create_agent(name=agent))
+    key = find_agent_key(raw)
+    assert key is not None
+    return AgentPrincipal(key)
+
+
 async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
     communicator = WebsocketCommunicator(application, path)
     communicator.scope["user"] = user
@@ -155,17 +167,8 @@ async def test_a_burst_of_writes_arrives_in_order_once_each_though_sent_in_batch
 async def test_people_and_agents_who_cannot_see_the_thread_are_refused(application: Any, who: str) -> None:
     thread = await sync_to_async(_thread_with)(1)
 
-    def principal() -> Any:
-        if who == "anonymous":
-            return AnonymousUser()
-        if who == "stranger":
-            return User.objects.create_user("sam", password="pw-12345678")
-        _, raw = create_agent_key(agent=get_or_create_agent(name="code-review"))
-        key = find_agent_key(raw)
-        assert key is not None
-        return AgentPrincipal(key)
-
-    communicator = await connect(application, f"/ws/threads/{thread.pk}/", await sync_to_async(principal)())
+    principal = await sync_to_async(_principal)(who, agent="code-review")
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/", principal)
     connected, code = await communicator.connect()
     assert not connected
     assert code in (4401, 4404)
@@ -299,19 +302,10 @@ async def test_the_thread_list_feed_names_the_threads_that_had_events(applicatio
     await communicator.disconnect()
 
 
-@pytest.mark.parametrize(("who", "code"), [("anonymous", 4401), ("stranger", 4403), ("agent-key", 4403)])
+@pytest.mark.parametrize(("who", "code"), [("anonymous", 4401), ("stranger", 4403), ("foreign-key", 4403)])
 async def test_the_thread_list_feed_is_for_people_who_may_read_every_thread(
     application: Any, who: str, code: int
 ) -> None:
-    def principal() -> Any:
-        if who == "anonymous":
-            return AnonymousUser()
-        if who == "stranger":
-            return User.objects.create_user("sam", password="pw-12345678")
-        _, raw = create_agent_key(agent=get_or_create_agent(name="travel"))
-        key = find_agent_key(raw)
-        assert key is not None
-        return AgentPrincipal(key)
-
-    communicator = await connect(application, "/ws/threads/", await sync_to_async(principal)())
+    principal = await sync_to_async(_principal)(who, agent="travel")
+    communicator = await connect(application, "/ws/threads/", principal)
     assert await communicator.connect() == (False, code)

@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from functools import wraps
-from typing import Any
 
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import User
-from django.core.exceptions import PermissionDenied
 from django.db.models import Count, F, Prefetch
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -23,21 +18,11 @@ from agents.keys import LABEL_MAX_CHARS, agent_name_problem, issue_key, label_pr
 from agents.models import Agent, AgentKey
 from approvals.audit import client_address
 from checkpoints.models import Thread
+from checkpoints.views import permission_required
 
-View = Callable[..., HttpResponse]
-
-
-def key_manager_required(view: View) -> View:
-    """Sign-in first, then the admin role's right to manage agent keys (403 without it)."""
-
-    @login_required
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.has_perm("agents.add_agentkey"):
-            raise PermissionDenied("Managing agents and their keys needs the admin role.")
-        return view(request, *args, **kwargs)
-
-    return wrapped
+key_manager_required = permission_required(
+    "agents.add_agentkey", "Managing agents and their keys needs the admin role."
+)
 
 
 class NewKeyForm(forms.Form):

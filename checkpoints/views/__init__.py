@@ -14,14 +14,24 @@ from django.http import HttpRequest, HttpResponse
 View = Callable[..., HttpResponse]
 
 
-def viewer_required(view: View) -> View:
-    """Sign-in first (redirect to the login page), then the viewer role (403 without it)."""
+def permission_required(permission: str, refusal: str) -> Callable[[View], View]:
+    """A view decorator: sign-in first (redirect to the login page), then `permission` (a 403
+    saying `refusal` without it)."""
 
-    @login_required
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.has_perm("checkpoints.view_thread"):
-            raise PermissionDenied("Your account has no role yet. Ask an admin to run `manage.py grantrole`.")
-        return view(request, *args, **kwargs)
+    def decorate(view: View) -> View:
+        @login_required
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.has_perm(permission):
+                raise PermissionDenied(refusal)
+            return view(request, *args, **kwargs)
 
-    return wrapped
+        return wrapped
+
+    return decorate
+
+
+# Every dashboard page: the viewer role (which every role includes).
+viewer_required = permission_required(
+    "checkpoints.view_thread", "Your account has no role yet. Ask an admin to run `manage.py grantrole`."
+)

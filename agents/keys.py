@@ -41,9 +41,12 @@ def agent_name_problem(name: str) -> str | None:
 
 def label_problem(label: str) -> str | None:
     """Why `label` cannot label a key, or None when it can."""
-    if len(label) <= LABEL_MAX_CHARS and label.isprintable():
-        return None
-    return f"A label is at most {LABEL_MAX_CHARS} printable characters; got {len(label)}."
+    if len(label) > LABEL_MAX_CHARS:
+        return f"A label is at most {LABEL_MAX_CHARS} characters; got {len(label)}."
+    for position, character in enumerate(label, start=1):
+        if not character.isprintable():  # a tab, a NUL, a direction override, a lone surrogate…
+            return f"A label holds printable characters only; character {position} is U+{ord(character):04X}."
+    return None
 
 
 def _hash_secret(secret: str) -> str:

@@ -68,8 +68,12 @@ class PageLinkField(forms.CharField, Generic[Id]):
             at, row_id = json.loads(base64.urlsafe_b64decode(raw.encode()).decode())
             if not isinstance(at, str) or type(row_id) is not (int if self.id_type is int else str):
                 raise ValueError("not a link a page made")
-            return datetime.fromisoformat(at), self.id_type(row_id)
-        except (ValueError, TypeError):
+            when = datetime.fromisoformat(at)
+            if when.tzinfo is None:
+                raise ValueError("a page link's time has its offset")
+            # In UTC, as the pages write them: Python reads offsets PostgreSQL refuses (+23:59, seconds).
+            return when.astimezone(UTC), self.id_type(row_id)
+        except (ValueError, TypeError, OverflowError):
             raise forms.ValidationError(self.error_messages["broken"], code="broken") from None
 
     @staticmethod

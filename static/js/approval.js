@@ -46,19 +46,39 @@ if (approveButton && edit && hint) {
   followEdit();
 }
 
-// A high-risk approval goes through only once confirmed in the dialog.
+// A high-risk approval goes through only once confirmed in the dialog, which shows the arguments
+// it will run with: the proposed ones, or the edited ones.
 const approveForm = document.getElementById("approve-form");
 const dialog = document.getElementById("confirm-approve");
-if (approveForm && dialog && "confirm" in approveForm.dataset) {
-  approveForm.addEventListener("submit", (event) => {
-    if (approveForm.dataset.confirmed) return;
+const shownArgs = document.getElementById("confirm-approve-args");
+const which = document.getElementById("confirm-approve-which");
+const proposedArgs = shownArgs?.textContent ?? "";
+let confirming = null; // the form the dialog is asking about
+
+function confirmFirst(target, args, description) {
+  target.addEventListener("submit", (event) => {
+    if (target.dataset.confirmed || event.defaultPrevented) return;
     event.preventDefault();
+    confirming = target;
+    shownArgs.textContent = args();
+    which.textContent = description;
     dialog.showModal();
   });
+}
+
+if (dialog && shownArgs && which) {
+  if (approveForm && "confirm" in approveForm.dataset) {
+    confirmFirst(approveForm, () => proposedArgs, "these arguments");
+  }
+  if (form && field && "confirm" in form.dataset) {
+    confirmFirst(form, () => JSON.stringify(JSON.parse(field.value), null, 2), "these edited arguments");
+  }
   dialog.addEventListener("close", () => {
-    if (dialog.returnValue !== "approve") return;
-    approveForm.dataset.confirmed = "yes";
-    approveForm.requestSubmit();
+    const target = confirming;
+    confirming = null;
+    if (dialog.returnValue !== "approve" || !target) return;
+    target.dataset.confirmed = "yes";
+    target.requestSubmit();
   });
 }
 

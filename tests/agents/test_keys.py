@@ -177,10 +177,22 @@ def test_revoking_a_key_is_audited_once_with_who_and_from_where(db: Any) -> None
     assert entry.after == {"agent": "travel", "revoked_at": row.revoked_at.isoformat()}
 
 
-@pytest.mark.parametrize("label", ["x" * 101, "tab\there", "nul\x00"])
-def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(db: Any, label: str) -> None:
-    with pytest.raises(CommandError, match="at most 100 printable characters"):
+@pytest.mark.parametrize(
+    ("label", "message"),
+    [
+        ("x" * 101, "A label is at most 100 characters; got 101."),
+        ("tab\there", "A label holds printable characters only; character 4 is U+0009."),
+        ("nul\x00", "A label holds printable characters only; character 4 is U+0000."),
+        ("rtl\u202eoverride", "character 4 is U+202E."),
+    ],
+)
+def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(
+    db: Any, label: str, message: str
+) -> None:
+    with pytest.raises(CommandError) as refused:
         create_key("fresh", "--label", label)
+
+    assert message in str(refused.value)
 
     assert not Agent.objects.filter(name="fresh").exists()
     assert not AgentKey.objects.exists()

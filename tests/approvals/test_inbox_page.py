@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from datetime import timedelta
 from typing import Any
@@ -80,7 +81,29 @@ def test_decided_approvals_page_newest_first_without_gaps_or_repeats(
     assert walk(reviewer_page, "status=rejected") == expected
 
 
-def test_a_broken_page_link_is_a_400_naming_it(reviewer_page: Client) -> None:
-    response = reviewer_page.get("/inbox/?after=garbage")
+@pytest.mark.parametrize(
+    "position",
+    [
+        None,  # not base64 of JSON at all
+        '["2025-01-01T00:00:00", "00000000-0000-0000-0000-000000000000"]',  # no offset
+        '["0001-01-01T00:00:00+01:00", "00000000-0000-0000-0000-000000000000"]',  # year 0 in UTC
+        '[1, 2]',
+    ],
+)
+def test_a_broken_page_link_is_a_400_naming_it(reviewer_page: Client, position: str | None) -> None:
+    after = "garbage" if position is None else base64.urlsafe_b64encode(position.encode()).decode()
+    response = reviewer_page.get("/inbox/", {"after": after})
     assert response.status_code == 400
     assert "Page link: This page link is broken" in response.content.decode()
+
+
+@pytest.mark.parametrize("offset", ["+23:59", "-16:00", "+05:30:00.5"])
+@pytest.mark.parametrize("status", ["pending", "rejected"])
+def test_a_page_link_with_an_offset_postgresql_refuses_is_read_in_utc(
+    reviewer_page: Client, agent: Agent, offset: str, status: str
+) -> None:
+    """Python reads offsets up to a day and with seconds; PostgreSQL refused them (a 500)."""
+    file_approvals(agent, 1)
+    position = f'["2025-01-01T00:00:00{offset}", "00000000-0000-0000-0000-000000000000"]'
+    after = base64.urlsafe_b64encode(position.encode()).decode()
+    assert reviewer_page.get("/inbox/", {"after": after, "status": status}).status_code == 200

@@ -45,8 +45,10 @@ def test_a_reviewer_edits_the_args_approves_and_the_agent_books(tab: Pages, db: 
     tab.page.fill("#edit-args", '{"flight": "AZ611", "price": }')
     assert "not valid JSON" in tab.page.locator("#args-errors").inner_text()  # checked as you type
     tab.page.fill("#edit-args", '{"flight": "not a flight", "price": 10}')
-    tab.page.click("#edit-form button[type=submit]")
-    tab.page.wait_for_load_state()
+    tab.page.click("#edit-form button[type=submit]")  # high risk: confirmed with the edited arguments in view
+    assert "these edited arguments" in tab.page.locator("#confirm-approve").inner_text()
+    assert '"not a flight"' in tab.page.locator("#confirm-approve-args").inner_text()
+    tab.follow("#confirm-approve-yes")
     assert "/flight" in tab.page.locator("#args-errors").inner_text()  # the agent's schema, checked by the server
     tab.errors.clear()  # the 400 answer to the bad args is itself logged by Chromium
     tab.shot("schema error")
@@ -54,7 +56,7 @@ def test_a_reviewer_edits_the_args_approves_and_the_agent_books(tab: Pages, db: 
     offers = {offer["flight"]: offer["price"] for offer in store.latest_state(thread=thread)[1]["offers"]}
     tab.page.fill("#edit-args", f'{{"flight": "AZ611", "price": {offers["AZ611"]}}}')
     tab.page.click("#edit-form button[type=submit]")
-    tab.page.wait_for_load_state()
+    tab.follow("#confirm-approve-yes")
     decided = tab.page.locator("#decision").inner_text()
     assert "Approved" in decided and "rita" in decided and "edited arguments" in decided
     tab.shot("decided")

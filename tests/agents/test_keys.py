@@ -186,9 +186,7 @@ def test_revoking_a_key_is_audited_once_with_who_and_from_where(db: Any) -> None
         ("rtl\u202eoverride", "character 4 is U+202E."),
     ],
 )
-def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(
-    db: Any, label: str, message: str
-) -> None:
+def test_a_label_the_key_cannot_hold_is_refused_and_no_agent_is_left_behind(db: Any, label: str, message: str) -> None:
     with pytest.raises(CommandError) as refused:
         create_key("fresh", "--label", label)
 

@@ -87,7 +87,7 @@ def test_decided_approvals_page_newest_first_without_gaps_or_repeats(
         None,  # not base64 of JSON at all
         '["2025-01-01T00:00:00", "00000000-0000-0000-0000-000000000000"]',  # no offset
         '["0001-01-01T00:00:00+01:00", "00000000-0000-0000-0000-000000000000"]',  # year 0 in UTC
-        '[1, 2]',
+        "[1, 2]",
     ],
 )
 def test_a_broken_page_link_is_a_400_naming_it(reviewer_page: Client, position: str | None) -> None:

@@ -34,7 +34,7 @@ class InboxConsumer(live.EventConsumer):
             return
         self.agent = user.agent.name if isinstance(user, AgentPrincipal) else None
         if self.agent is None and not await database_sync_to_async(_sees_everything)(user):
-            await self.close(code=4403)
+            await self.refuse(4403)
             return
         await self.channel_layer.group_add(live.INBOX_GROUP, self.channel_name)
         await self.accept()

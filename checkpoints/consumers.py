@@ -45,11 +45,11 @@ class ThreadConsumer(live.EventConsumer):
         if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_can_view)(user, self.thread_id):
-            await self.close(code=4404)
+            await self.refuse(4404)
             return
         start = after_seq(self.scope)
         if start is None:
-            await self.close(code=4400)
+            await self.refuse(4400)
             return
         self.last_seq = start
         await self.channel_layer.group_add(live.thread_group(self.thread_id), self.channel_name)
@@ -100,7 +100,7 @@ class ThreadListConsumer(live.EventConsumer):
         if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_sees_every_thread)(user):
-            await self.close(code=4403)
+            await self.refuse(4403)
             return
         self.joined = True
         await self.channel_layer.group_add(live.THREADS_GROUP, self.channel_name)

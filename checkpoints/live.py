@@ -60,13 +60,18 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
 
     async def signed_in(self) -> Any | None:
         """The principal connecting (a person or an agent key), after noting the server's loop;
-        None, with the socket closed with 4401, when nobody is signed in."""
+        None, with the socket refused with 4401, when nobody is signed in."""
         register_server_loop(asyncio.get_running_loop())
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=4401)
+            await self.refuse(4401)
             return None
         return user
+
+    async def refuse(self, code: int) -> None:
+        """Close the socket with `code` as soon as it opens: closed during the handshake, a browser
+        would only see the server's HTTP 403, never the code that says why."""
+        await refuse(self, code)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any) -> None:
         """Clients send only small JSON frames (a ping): a binary, oversized or unreadable one closes
@@ -93,7 +98,13 @@ class NoRoute(AsyncWebsocketConsumer):
     thread the caller may not see is, instead of the router's error."""
 
     async def connect(self) -> None:
-        await self.close(code=4404)
+        await refuse(self, 4404)
+
+
+async def refuse(consumer: AsyncWebsocketConsumer, code: int) -> None:
+    """Accept the handshake, then close with `code` (see EventConsumer.refuse)."""
+    await consumer.accept()
+    await consumer.close(code=code)
 
 
 _server_loop: asyncio.AbstractEventLoop | None = None

@@ -169,3 +169,22 @@ def _lent_connections_closed() -> Iterator[None]:
     # left open when the test database is dropped.
     yield
     lent_connection.close()
+
+
+async def handshake(communicator: Any, *, timeout: float = 5) -> int | None:
+    """Open a test websocket: the code it was refused with, or None when it stays open.
+
+    A refused socket is accepted and then closed with its code (a close during the handshake
+    would reach a browser as a bare HTTP 403), so this reads what the consumer sends first.
+    """
+
+    connected, code = await communicator.connect(timeout=timeout)
+    assert connected, f"closed during the handshake ({code}): the browser would see no code"
+    try:
+        first = await communicator.receive_output(timeout=0.5)
+    except TimeoutError:
+        return None  # open, with nothing to say yet
+    if first["type"] == "websocket.close":
+        return int(first["code"])
+    communicator.output_queue.put_nowait(first)  # not a refusal: leave it for the test to read
+    return None

@@ -1,7 +1,10 @@
 // The decision page: edited arguments are checked as JSON before they are sent, a high-risk
 // approval is confirmed with its arguments in view, the plain Approve waits while arguments are
 // being edited, and a decision taken elsewhere replaces the forms as soon as it is made.
+import { navigableTree } from "./json_tree.js";
 import { connectFeed } from "./live.js";
+
+navigableTree(document.getElementById("state-tree"));
 
 const approvalId = document.body.dataset.approval;
 const form = document.getElementById("edit-form");

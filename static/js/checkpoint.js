@@ -1,5 +1,7 @@
 // Checkpoint page: j / k step to the next / previous checkpoint, the raw-JSON toggle,
-// expand / collapse all, copying a node's JSON pointer, and following the thread live.
+// expand / collapse all, the state tree's keyboard and copy buttons (json_tree.js), and following
+// the thread live.
+import { navigableTree } from "./json_tree.js";
 import { connectFeed } from "./live.js";
 
 const RAW_KEY = "quicksave.checkpoint.raw";
@@ -31,6 +33,7 @@ function remembered() {
 
 const toggle = document.getElementById("toggle-raw");
 const tree = document.getElementById("state-tree");
+navigableTree(tree);
 const raw = document.getElementById("raw-json");
 
 function showRaw(on) {
@@ -61,49 +64,6 @@ function setAllOpen(open) {
 }
 document.getElementById("expand-all")?.addEventListener("click", () => setAllOpen(true));
 document.getElementById("collapse-all")?.addEventListener("click", () => setAllOpen(false));
-
-async function copyText(text) {
-  if (navigator.clipboard && window.isSecureContext) {
-    try {
-      await navigator.clipboard.writeText(text);
-      return true;
-    } catch { /* denied: fall back below */ }
-  }
-  // Plain http (no Clipboard API): copy through a selected, off-screen textarea.
-  const area = document.createElement("textarea");
-  area.value = text;
-  area.setAttribute("readonly", "");
-  area.style.position = "fixed";
-  area.style.top = "-1000px";
-  document.body.append(area);
-  area.select();
-  let copied = false;
-  try { copied = document.execCommand("copy"); } catch { copied = false; }
-  area.remove();
-  return copied;
-}
-
-const timers = new WeakMap();
-
-document.addEventListener("click", async (event) => {
-  const button = event.target instanceof Element ? event.target.closest(".copy-path") : null;
-  if (!button) return;
-  // The button may sit in a <summary>: copy, don't fold the node.
-  event.preventDefault();
-  const path = button.dataset.path ?? "";
-  const copied = await copyText(path);
-  const label = button.dataset.label ?? button.textContent;
-  button.dataset.label = label;
-  button.textContent = copied ? "copied" : "copy failed";
-  button.classList.toggle("copied", copied);
-  button.classList.toggle("copy-failed", !copied);
-  button.title = copied ? `Copied ${path}` : `Select and copy: ${path}`;
-  clearTimeout(timers.get(button));
-  timers.set(button, setTimeout(() => {
-    button.textContent = label;
-    button.classList.remove("copied", "copy-failed");
-  }, 1500));
-});
 
 // Live: a later checkpoint on this branch, an approval asked or decided, or a compaction refetches
 // the page and swaps only what those change. The state tree, the fork form and anything the

@@ -81,11 +81,6 @@ class ThreadConsumer(live.EventConsumer):
         self.last_seq = event["seq"]
         await self.send_json(event)
 
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """Clients only listen; a ping gets a pong so they can check the link."""
-        if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong", "seq": self.last_seq})
-
 
 def _sees_every_thread(principal: Any) -> bool:
     return bool(getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"))
@@ -114,8 +109,3 @@ class ThreadListConsumer(live.EventConsumer):
         await self.send_json(
             {"type": "threads.changed", "seq": 0, "thread": None, "data": {"threads": message["threads"]}}
         )
-
-    async def receive_json(self, content: Any, **kwargs: Any) -> None:
-        """Clients only listen; a ping gets a pong so they can check the link."""
-        if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong", "seq": 0})

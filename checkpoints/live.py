@@ -85,6 +85,12 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             return
         await self.receive_json(content, **kwargs)
 
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        """Clients only listen; a ping gets a pong, with the last seq sent on an ordered feed, so
+        they can check the link."""
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong", "seq": getattr(self, "last_seq", 0)})
+
     async def live_event(self, message: dict[str, Any]) -> None:
         raise NotImplementedError
 

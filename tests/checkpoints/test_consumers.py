@@ -290,6 +290,18 @@ async def test_a_ping_still_gets_a_pong(application: Any) -> None:
     await communicator.disconnect()
 
 
+async def test_the_inbox_answers_a_ping_too(application: Any) -> None:
+    viewer = await sync_to_async(_viewer)()
+    communicator = await connect(application, "/ws/inbox/", viewer)
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["type"] == "inbox.sync"
+
+    await communicator.send_json_to({"type": "ping"})
+
+    assert await communicator.receive_json_from(timeout=5) == {"type": "pong", "seq": 0}
+    await communicator.disconnect()
+
+
 async def test_the_thread_list_feed_names_the_threads_that_had_events(application: Any) -> None:
     viewer = await sync_to_async(_viewer)()
     quiet = await sync_to_async(_thread_with)(1)

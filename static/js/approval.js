@@ -2,7 +2,7 @@
 // approval is confirmed with its arguments in view, the plain Approve waits while arguments are
 // being edited, and a decision taken elsewhere replaces the forms as soon as it is made.
 import { navigableTree } from "./json_tree.js";
-import { connectFeed } from "./live.js";
+import { connectFeed, fetchThisPage } from "./live.js";
 
 navigableTree(document.getElementById("state-tree"));
 
@@ -89,9 +89,8 @@ if (dialog && shownArgs && which) {
 async function showDecision() {
   const decision = document.getElementById("decision");
   if (!decision || !("pending" in decision.dataset)) return; // decided already on this page
-  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
-  if (!response.ok) return;
-  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const page = await fetchThisPage();
+  if (!page) return;
   const fresh = page.getElementById("decision");
   if (fresh && !("pending" in fresh.dataset)) {
     if (dialog?.open) dialog.close("cancel");

@@ -2,7 +2,7 @@
 // expand / collapse all, the state tree's keyboard and copy buttons (json_tree.js), and following
 // the thread live.
 import { navigableTree } from "./json_tree.js";
-import { connectFeed } from "./live.js";
+import { connectFeed, fetchThisPage } from "./live.js";
 
 const RAW_KEY = "quicksave.checkpoint.raw";
 
@@ -95,9 +95,8 @@ function swap(id, page) {
 }
 
 async function refresh() {
-  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" }, cache: "no-store" });
-  if (!response.ok) return; // e.g. compaction removed this checkpoint: keep what is shown
-  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const page = await fetchThisPage();
+  if (!page) return; // e.g. compaction removed this checkpoint: keep what is shown
   if (newer) page.querySelector("#newer-checkpoints .newer")?.removeAttribute("hidden");
   for (const id of LIVE_REGIONS) swap(id, page);
 }

@@ -1,5 +1,5 @@
 // The inbox, live: new requests appear and decided ones disappear without a reload.
-import { connectFeed } from "./live.js";
+import { connectFeed, fetchThisPage } from "./live.js";
 
 const table = document.getElementById("inbox-body");
 const pendingOnly = document.body.dataset.inboxStatus === "pending";
@@ -18,9 +18,8 @@ function refresh() {
 }
 
 async function fetchList() {
-  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
-  if (!response.ok) return;
-  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const page = await fetchThisPage();
+  if (!page) return;
   const fresh = page.getElementById("inbox-body");
   if (!table) {
     if (fresh) location.reload(); // the empty state has no list to update

@@ -74,3 +74,11 @@ export function connectFeed({ path, afterSeq = 0, ordered = true, onEvent, onSyn
     },
   };
 }
+
+// This very page as the server renders it now (its filters, cursor and all), parsed; null when
+// the server does not answer it. A live page takes the regions that changed from it.
+export async function fetchThisPage() {
+  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" }, cache: "no-store" });
+  if (!response.ok) return null;
+  return new DOMParser().parseFromString(await response.text(), "text/html");
+}

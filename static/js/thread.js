@@ -1,5 +1,5 @@
 // The thread page, live: new checkpoints, status and head appear without a reload.
-import { connectFeed } from "./live.js";
+import { connectFeed, fetchThisPage } from "./live.js";
 
 const body = document.body;
 const region = document.getElementById("thread-live");
@@ -14,9 +14,8 @@ function newestSeq() {
 async function refresh() {
   pending = null;
   const before = newestSeq();
-  const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
-  if (!response.ok) return;
-  const page = new DOMParser().parseFromString(await response.text(), "text/html");
+  const page = await fetchThisPage();
+  if (!page) return;
   const fresh = page.getElementById("thread-live");
   if (!fresh || !region) return;
   region.replaceChildren(...fresh.childNodes);

@@ -2,7 +2,7 @@
 // (with its own filters, sort and page) and swaps the counts and the rows, never the filter
 // form someone may be typing in. A busy writer makes many rounds a second: at most one fetch
 // runs at a time, and the next waits a second after it.
-import { connectFeed } from "./live.js";
+import { connectFeed, fetchThisPage } from "./live.js";
 
 const THROTTLE_MS = 1000;
 let running = false;
@@ -15,9 +15,8 @@ async function refresh() {
   }
   running = true;
   try {
-    const response = await fetch(location.href, { headers: { "X-Requested-With": "live" } });
-    if (!response.ok) return;
-    const page = new DOMParser().parseFromString(await response.text(), "text/html");
+    const page = await fetchThisPage();
+    if (!page) return;
     if ("noThreads" in document.body.dataset) {
       // The first thread: the page is the list now, not the how-to-connect card.
       if (!("noThreads" in page.body.dataset)) location.reload();

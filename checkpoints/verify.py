@@ -6,22 +6,34 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from uuid import UUID
 
-from checkpoints import codec
+from checkpoints import codec, crypto
+from checkpoints.errors import StoreError
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.store import decode_payload, mac_fields
 
 
 @dataclass(frozen=True)
 class Problem:
+    """One failed check: of a checkpoint, or (`checkpoint_id` None) of the thread as a whole."""
+
     thread_id: UUID
-    checkpoint_id: UUID
-    seq: int
-    branch: str
     reason: str
+    checkpoint_id: UUID | None = None
+    seq: int | None = None
+    branch: str | None = None
 
 
 def verify_thread(thread: Thread) -> Iterator[Problem]:
-    """Yield every checkpoint of `thread` whose MAC does not match its row and its parent's MAC."""
+    """Yield every checkpoint of `thread` whose MAC does not match its row and its parent's MAC,
+    or whose payload does not open; and the thread itself when its data key does not unwrap."""
+    try:
+        crypto.data_key(thread.pk)
+    except crypto.DecryptionFailure as exc:
+        # No payload of the thread opens, but every MAC can still be checked without the key.
+        yield Problem(thread.pk, f"its data key is unreadable: {exc.message}")
+        key_opens = False
+    else:
+        key_opens = True
     macs: dict[UUID, bytes] = {}
     rows = (
         Checkpoint.objects.filter(thread=thread)
@@ -37,12 +49,18 @@ def verify_thread(thread: Thread) -> Iterator[Problem]:
                 parent_mac = bytes(Checkpoint.objects.values_list("integrity", flat=True).get(pk=row.parent_id))
         macs[row.id] = bytes(row.integrity)
         if not mac_matches(row, parent_integrity=parent_mac):
-            yield Problem(thread.pk, row.id, row.seq, row.branch.name, "row does not match its integrity MAC")
+            yield _row_problem(row, "row does not match its integrity MAC")
+            continue
+        if not key_opens:
             continue
         try:
             decode_payload(row)
-        except ValueError as exc:
-            yield Problem(thread.pk, row.id, row.seq, row.branch.name, f"payload does not decode: {exc}")
+        except (ValueError, OSError, StoreError) as exc:
+            yield _row_problem(row, f"payload does not decode: {exc}")
+
+
+def _row_problem(row: Checkpoint, reason: str) -> Problem:
+    return Problem(row.thread_id, reason, checkpoint_id=row.id, seq=row.seq, branch=row.branch.name)
 
 
 def mac_matches(row: Checkpoint, *, parent_integrity: bytes | None) -> bool:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.apps import AppConfig
+from django.contrib.admin import apps as admin_apps  # a module: its AdminConfig is no candidate here
 from django.db.models.signals import post_migrate
 
 
@@ -12,6 +13,13 @@ class QuicksaveConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(_sync_roles, dispatch_uid="quicksave.sync_roles")
+
+
+class QuicksaveAdminConfig(admin_apps.AdminConfig):
+    """django.contrib.admin with the staff-only site (quicksave/adminsite.py)."""
+
+    default = False
+    default_site = "quicksave.adminsite.QuicksaveAdminSite"
 
 
 def _sync_roles(sender: AppConfig, **kwargs: Any) -> None:

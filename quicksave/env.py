@@ -60,3 +60,27 @@ def envsecret(name: str, file: Path, *, generate: Callable[[], str], required: b
         file.touch(mode=0o600)
         file.write_text(generate() + "\n")
     return file.read_text().strip()
+
+
+# Placeholders from examples and tutorials: a key containing one is public knowledge, however long.
+WELL_KNOWN_SECRETS = ("changeme", "change-me", "change_me", "replaceme", "replace-me", "your-secret-key",
+                      "yoursecretkey", "secret-key", "secretkey", "insecure", "example", "notsecret")  # fmt: skip
+SECRET_MIN_LENGTH = 50
+
+
+def check_strong_secret(name: str, value: str) -> None:
+    """Refuse a secret anyone could guess (production only): shorter than 50 characters, fewer than 5
+    different characters, Django's `django-insecure-` placeholder, or a well-known one. The message
+    names the variable and the rule, never the value."""
+    generate = "generate one with: python -c 'import secrets; print(secrets.token_urlsafe(50))'"
+    if len(value) < SECRET_MIN_LENGTH:
+        problem = f"must be at least {SECRET_MIN_LENGTH} characters long in production, got {len(value)}"
+    elif len(set(value)) < 5:
+        problem = "must hold at least 5 different characters in production"
+    elif value.startswith("django-insecure-"):
+        problem = "must not start with Django's django-insecure- prefix in production"
+    elif any(word in value.lower() for word in WELL_KNOWN_SECRETS):
+        problem = "must not contain a well-known placeholder (changeme, your-secret-key, insecure…) in production"
+    else:
+        return
+    raise ConfigError(f"{name} {problem} (QUICKSAVE_REQUIRE_SECRET_KEY=true); {generate}")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from quicksave.env import ConfigError, envbool, envint, envlist, envsecret, envstr
+from quicksave.env import ConfigError, check_strong_secret, envbool, envint, envlist, envsecret, envstr
 from quicksave.keyring import new_master_key_entry, parse_keyring
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -21,12 +21,14 @@ DEBUG = envbool("DEBUG", False)
 QUICKSAVE_PRODUCTION = not DEBUG and envbool("QUICKSAVE_REQUIRE_SECRET_KEY", False)
 SECRET_KEY = envsecret("SECRET_KEY", VAR_DIR / "secret_key", generate=lambda: secrets.token_urlsafe(50),
                        required=QUICKSAVE_PRODUCTION)  # fmt: skip
+if QUICKSAVE_PRODUCTION:  # the integrity MACs and session signatures derive from it
+    check_strong_secret("SECRET_KEY", SECRET_KEY)
 
 ALLOWED_HOSTS = envlist("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "testserver"])
 CSRF_TRUSTED_ORIGINS = envlist("CSRF_TRUSTED_ORIGINS")
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    "quicksave.apps.QuicksaveAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -220,6 +222,8 @@ QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 128 * 1024 *
 # `manage.py prune` compacts only threads idle this long (see checkpoints/retention.py).
 QUICKSAVE_COMPACT_IDLE_HOURS = envint("QUICKSAVE_COMPACT_IDLE_HOURS", 24, minimum=0)
 QUICKSAVE_INTEGRITY_KEY = envstr("QUICKSAVE_INTEGRITY_KEY") or SECRET_KEY
+if QUICKSAVE_PRODUCTION and envstr("QUICKSAVE_INTEGRITY_KEY"):
+    check_strong_secret("QUICKSAVE_INTEGRITY_KEY", QUICKSAVE_INTEGRITY_KEY)
 QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0)
 # Failed authentications (bad agent keys, failed sign-ins) one address may make in a minute before 429s.
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import re
+import unicodedata
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from django.db.models import Q, Subquery
@@ -134,5 +136,21 @@ def blob_download(request: HttpRequest, thread_id: UUID, sha256: str) -> HttpRes
     else:
         response = HttpResponse(json.dumps(value, ensure_ascii=False, indent=2), content_type="application/json")
         extension = "json"
-    response["Content-Disposition"] = f'attachment; filename="{thread_label(thread)}-{sha256[:12]}.{extension}"'
+    response["Content-Disposition"] = _attachment_disposition(f"{thread_label(thread)[:100]}-{sha256[:12]}.{extension}")
+    # Always a download, never rendered: the value is the agent's, and so is the thread's name.
+    response["X-Content-Type-Options"] = "nosniff"
     return response
+
+
+# Characters no file name keeps: quotes, separators and those Windows refuses.
+_UNSAFE_IN_FILE_NAME = set('"\\/:*?<>|;')
+
+
+def _attachment_disposition(name: str) -> str:
+    """An RFC 6266 `attachment` header for a file name taken from agent input: an ASCII fallback
+    for old clients, and the UTF-8 name percent-encoded, so no character can end the header."""
+    cleaned = "".join(
+        "_" if char in _UNSAFE_IN_FILE_NAME or unicodedata.category(char).startswith("C") else char for char in name
+    )
+    fallback = re.sub(r"[^A-Za-z0-9._-]", "_", cleaned)
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(cleaned, safe='')}"

@@ -125,7 +125,9 @@ def _thread_detail(thread_id: Any) -> dict[str, Any]:
         .defer("head__payload", "head__integrity")
         .get(pk=thread_id)
     )
-    return dict(ThreadDetailSerializer(thread, context={"heads": selectors.branch_heads(thread)}).data)
+    heads = selectors.branch_heads(thread)
+    selectors.correct_head(thread, heads)
+    return dict(ThreadDetailSerializer(thread, context={"heads": heads}).data)
 
 
 class ThreadDetailView(APIView):

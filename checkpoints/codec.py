@@ -1,7 +1,9 @@
 """How states and deltas become bytes: canonical JSON, optionally compressed, never pickle.
 
 Also the checks every stored value passes (finite numbers, bounded nesting,
-valid Unicode) and the integrity MAC chained from a checkpoint to its parent.
+valid Unicode) and the integrity MAC chained from a checkpoint to its parent. A MAC made since
+version 2 covers the checkpoint's created_at too; rows MAC'd before still verify (see
+integrity_matches).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hmac
 import json
 import struct
 import zlib
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -157,9 +160,9 @@ def _has_float_beyond_int64(value: dict[str, Any] | list[Any]) -> bool:
     return False
 
 
-@lru_cache(maxsize=4)
-def _mac_key(secret: str) -> bytes:
-    return hashlib.sha256(b"quicksave-integrity:" + secret.encode()).digest()
+@lru_cache(maxsize=8)
+def _mac_key(secret: str, domain: bytes) -> bytes:
+    return hashlib.sha256(domain + secret.encode()).digest()
 
 
 def _fields_json(fields: dict[str, Any]) -> bytes:
@@ -180,11 +183,51 @@ def _fields_json(fields: dict[str, Any]) -> bytes:
     return _FIELDS_ENCODER.encode(fields).encode()
 
 
-@lru_cache(maxsize=4)
-def _keyed_mac(secret: str) -> hmac.HMAC:
+# Version 2 MACs (created_at covered) are keyed apart from version 1 MACs, so neither verifies as
+# the other: a row written as version 2 cannot be passed off as a version 1 row to drop its time.
+_V1 = b"quicksave-integrity:"
+_V2 = b"quicksave-integrity-v2:"
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@lru_cache(maxsize=8)
+def _keyed_mac(secret: str, domain: bytes) -> hmac.HMAC:
     """An HMAC-SHA256 already keyed for integrity MACs, to copy for each message: a copy skips
     OpenSSL's lookup of the digest by name and the keying that hmac.digest does every call."""
-    return hmac.new(_mac_key(secret), digestmod=hashlib.sha256)
+    return hmac.new(_mac_key(secret, domain), digestmod=hashlib.sha256)
+
+
+def _digest(domain: bytes, message: bytes) -> bytes:
+    mac = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain).copy()
+    mac.update(message)
+    return mac.digest()
+
+
+def _message(
+    *,
+    parent_integrity: bytes | None,
+    checkpoint_id: UUID,
+    thread_id: UUID,
+    branch_id: int,
+    parent_id: UUID | None,
+    seq: int,
+    kind: int,
+    payload: bytes,
+    fields_bytes: bytes,
+    created_at: datetime | None,
+) -> bytes:
+    # One message, hashed by a copy of an HMAC keyed once: the same bytes separate update()
+    # calls would see in turn, at a fraction of the per-row cost of a replay's many small MACs.
+    if created_at is None:  # version 1
+        numbers = struct.pack(">qqBI", branch_id, seq, kind, len(fields_bytes))
+    else:  # PostgreSQL keeps microseconds: the stored time, exactly, as an integer
+        numbers = struct.pack(">qqBqI", branch_id, seq, kind, (created_at - _EPOCH) // _MICROSECOND, len(fields_bytes))
+    return b"".join((
+        parent_integrity or b"\x00" * 32,
+        checkpoint_id.bytes, thread_id.bytes, parent_id.bytes if parent_id else b"\x00" * 16,
+        numbers, fields_bytes, payload,
+    ))  # fmt: skip
 
 
 def integrity_mac(
@@ -198,23 +241,65 @@ def integrity_mac(
     kind: int,
     payload: bytes,
     fields: dict[str, Any],
+    created_at: datetime,
 ) -> bytes:
-    """HMAC-SHA256 over the parent's MAC, this row's identity, payload and recorded fields.
+    """HMAC-SHA256 over the parent's MAC, this row's identity, creation time, payload and recorded
+    fields (version 2, what every write makes).
 
     Cost is O(payload): a delta's MAC never touches the full state, yet any edit to
     a row (or to an ancestor) changes the MAC a reader recomputes.
     """
-    fields_bytes = _fields_json(fields)
-    # One message, hashed by a copy of an HMAC keyed once: the same bytes separate update()
-    # calls would see in turn, at a fraction of the per-row cost of a replay's many small MACs.
-    message = b"".join((
-        parent_integrity or b"\x00" * 32,
-        checkpoint_id.bytes, thread_id.bytes, parent_id.bytes if parent_id else b"\x00" * 16,
-        struct.pack(">qqBI", branch_id, seq, kind, len(fields_bytes)), fields_bytes, payload,
+    return _digest(_V2, _message(
+        parent_integrity=parent_integrity, checkpoint_id=checkpoint_id, thread_id=thread_id, branch_id=branch_id,
+        parent_id=parent_id, seq=seq, kind=kind, payload=payload, fields_bytes=_fields_json(fields),
+        created_at=created_at,
     ))  # fmt: skip
-    mac = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY).copy()
-    mac.update(message)
-    return mac.digest()
+
+
+def legacy_integrity_mac(
+    *,
+    parent_integrity: bytes | None,
+    checkpoint_id: UUID,
+    thread_id: UUID,
+    branch_id: int,
+    parent_id: UUID | None,
+    seq: int,
+    kind: int,
+    payload: bytes,
+    fields: dict[str, Any],
+) -> bytes:
+    """The version 1 MAC, which rows written before created_at was covered carry: the same
+    message without the creation time, under a key of its own."""
+    return _digest(_V1, _message(
+        parent_integrity=parent_integrity, checkpoint_id=checkpoint_id, thread_id=thread_id, branch_id=branch_id,
+        parent_id=parent_id, seq=seq, kind=kind, payload=payload, fields_bytes=_fields_json(fields), created_at=None,
+    ))  # fmt: skip
+
+
+def integrity_matches(
+    stored: bytes,
+    *,
+    parent_integrity: bytes | None,
+    checkpoint_id: UUID,
+    thread_id: UUID,
+    branch_id: int,
+    parent_id: UUID | None,
+    seq: int,
+    kind: int,
+    payload: bytes,
+    fields: dict[str, Any],
+    created_at: datetime,
+) -> bool:
+    """Whether a row's stored MAC is its version 2 MAC or, for a row written before version 2,
+    its version 1 MAC (whose creation time nothing vouches for; compaction rewrites it as version 2)."""
+    arguments: dict[str, Any] = {
+        "parent_integrity": parent_integrity, "checkpoint_id": checkpoint_id, "thread_id": thread_id,
+        "branch_id": branch_id, "parent_id": parent_id, "seq": seq, "kind": kind, "payload": payload,
+        "fields_bytes": _fields_json(fields),
+    }  # fmt: skip
+    if hmac.compare_digest(_digest(_V2, _message(**arguments, created_at=created_at)), stored):
+        return True
+    return hmac.compare_digest(_digest(_V1, _message(**arguments, created_at=None)), stored)
 
 
 def head_mac(

@@ -575,6 +575,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                 parent_integrity=kept[new.parent_id].integrity if new.parent_id is not None else None,
                 checkpoint_id=row.pk, thread_id=row.thread_id, branch_id=row.branch_id, parent_id=new.parent_id,
                 seq=row.seq, kind=new.kind, payload=new.payload, fields=store.mac_fields(row),
+                created_at=row.created_at,
             )  # fmt: skip
             new.changed = new.rewritten or (new.integrity, new.chain_length, new.chain_bytes) != (
                 bytes(row.integrity),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,8 @@ from quicksave.jsontext import UnstorableText, loads_strict, unstorable_characte
 
 if TYPE_CHECKING:
     from approvals.models import ApprovalRequest
+
+log = logging.getLogger(__name__)
 
 SUMMARY_DEFER = ("payload", "integrity")
 # A failure reason longer than this is cut on the page (the head checkpoint's metadata has it whole).
@@ -66,6 +69,20 @@ def branch_heads(thread: Thread) -> dict[int, tuple[Any, int]]:
             [thread.pk],
         )
         return {branch_id: (checkpoint_id, seq) for branch_id, checkpoint_id, seq in cursor.fetchall()}
+
+
+def correct_head(thread: Thread, heads: dict[int, tuple[Any, int]]) -> None:
+    """Point `thread` (in memory) at the newest checkpoint of its active branch, as `heads` (from
+    branch_heads) has it, should its stored head pointer say otherwise: the store only ever moves
+    the pointer to a new checkpoint of the active branch, so a pointer elsewhere was moved
+    outside Quicksave (verify_integrity reports it), and a reader must not be rolled back with it."""
+    newest = heads.get(thread.active_branch_id) if thread.active_branch_id is not None else None
+    if newest is None or newest[0] == thread.head_id:
+        return
+    log.warning("thread %s: head pointer %s is not its active branch's newest checkpoint %s; serving that",
+                thread.pk, thread.head_id, newest[0])  # fmt: skip
+    head = Checkpoint.objects.defer(*SUMMARY_DEFER).get(pk=newest[0])
+    thread.head, thread.step = head, head.step
 
 
 def filter_threads(

@@ -27,6 +27,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, NamedTuple, ParamSpec, TypeVar
 from uuid import UUID
 
@@ -307,16 +308,17 @@ def append_checkpoint(
     checkpoint_id = new_id()
     payload = _seal(thread.pk, checkpoint_id, canonical)
     fields["state_bytes"] = state_bytes
+    created_at = timezone.now()
     integrity = codec.integrity_mac(
         parent_integrity=parent_node.integrity if parent_node else None,
         checkpoint_id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, parent_id=parent_id,
-        seq=seq, kind=kind, payload=payload, fields=fields,
+        seq=seq, kind=kind, payload=payload, fields=fields, created_at=created_at,
     )  # fmt: skip
     params = {
         **fields, "id": checkpoint_id, "thread_id": thread.pk, "branch_id": branch_id, "parent_id": parent_id,
         "parent_mac": parent_node.integrity if parent_node else None,
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
-        "integrity": integrity, "created_at": timezone.now(), "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
+        "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
         "event": Jsonb(dumps=codec.dumps, obj={
             "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
             "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
@@ -741,6 +743,7 @@ class _Row(NamedTuple):
     chain_bytes: int
     state_bytes: int
     integrity: bytes
+    created_at: datetime
     parent_integrity: bytes | None
 
 
@@ -1009,12 +1012,11 @@ def _open(thread_id: UUID, stored: bytes, ad: Callable[[], bytes], *, restore: b
 
 
 def _verify(row: _Row, *, parent_integrity: bytes | None) -> None:
-    expected = codec.integrity_mac(
-        parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id,
+    if not codec.integrity_matches(
+        row.integrity, parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id,
         branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind,
-        payload=row.payload, fields=mac_fields(row),
-    )  # fmt: skip
-    if expected != row.integrity:
+        payload=row.payload, fields=mac_fields(row), created_at=row.created_at,
+    ):  # fmt: skip
         raise IntegrityFailure(
             f"Checkpoint {row.id} (thread {row.thread_id}, seq {row.seq}) fails its integrity check: "
             "it was altered outside Quicksave.",

@@ -6,6 +6,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from uuid import UUID
 
+from django.db import connection
+
 from checkpoints import codec, crypto
 from checkpoints.errors import StoreError
 from checkpoints.models import Checkpoint, Thread
@@ -57,6 +59,39 @@ def verify_thread(thread: Thread) -> Iterator[Problem]:
             decode_payload(row)
         except (ValueError, OSError, StoreError) as exc:
             yield _row_problem(row, f"payload does not decode: {exc}")
+    moved = moved_head(thread.pk)
+    if moved is not None:
+        yield Problem(thread.pk, moved)
+
+
+# The thread's head pointer and the newest checkpoint of its active branch in one statement, so
+# one snapshot: an append moves both in one statement too, and never lets them disagree.
+_HEADS_SQL = """
+SELECT t.head_id, h.id, h.seq, b.name
+FROM checkpoints_thread t
+JOIN checkpoints_branch b ON b.id = t.active_branch_id
+CROSS JOIN LATERAL (
+    SELECT c.id, c.seq FROM checkpoints_checkpoint c
+    WHERE c.thread_id = t.id AND c.branch_id = t.active_branch_id ORDER BY c.seq DESC LIMIT 1
+) h
+WHERE t.id = %s
+"""
+
+
+def moved_head(thread_id: UUID) -> str | None:
+    """Why the thread's head pointer is not the newest checkpoint of its active branch (it was
+    moved outside Quicksave: the store only ever moves it to a new checkpoint of that branch),
+    or None when it is."""
+    with connection.cursor() as cursor:
+        cursor.execute(_HEADS_SQL, [thread_id])
+        found = cursor.fetchone()
+    if found is None or found[0] == found[1]:  # an empty active branch has no head to move
+        return None
+    head_id, newest_id, newest_seq, branch = found
+    return (
+        f"its head points to checkpoint {head_id}, but the newest checkpoint of its active branch '{branch}' "
+        f"is {newest_id} (seq {newest_seq}): the head pointer was moved outside Quicksave"
+    )
 
 
 def _row_problem(row: Checkpoint, reason: str) -> Problem:
@@ -65,8 +100,8 @@ def _row_problem(row: Checkpoint, reason: str) -> Problem:
 
 def mac_matches(row: Checkpoint, *, parent_integrity: bytes | None) -> bool:
     """Whether a stored row still matches its integrity MAC, chained from its parent's MAC."""
-    expected = codec.integrity_mac(
-        parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id, branch_id=row.branch_id,
-        parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload), fields=mac_fields(row),
+    return codec.integrity_matches(
+        bytes(row.integrity), parent_integrity=parent_integrity, checkpoint_id=row.id, thread_id=row.thread_id,
+        branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload),
+        fields=mac_fields(row), created_at=row.created_at,
     )  # fmt: skip
-    return expected == bytes(row.integrity)

@@ -126,6 +126,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
     data = form.cleaned_data
     thread = get_thread_for(request.user, thread_id)
     branches = timeline.branch_summaries(thread)
+    selectors.correct_head(thread, {b.id: (b.head_id, b.head_seq) for b in branches if b.head_id is not None})
     selected = timeline.pick_branch(thread, branches, data["branch"] or None)
     if selected is None:
         raise Http404(f"Thread {thread.external_id or thread.pk} has no branch named '{data['branch']}'.")

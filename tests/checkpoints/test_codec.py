@@ -10,6 +10,7 @@ import random
 import struct
 import threading
 import zlib
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 from uuid import UUID
 
@@ -78,14 +79,34 @@ def _reference_mac(**kwargs: Any) -> bytes:
     return mac.digest()
 
 
-@pytest.mark.parametrize("parent", [None, UUID(int=7)])
-def test_integrity_mac_covers_the_same_bytes_as_before(parent: UUID | None) -> None:
-    arguments: dict[str, Any] = {
+def _mac_arguments(parent: UUID | None) -> dict[str, Any]:
+    return {
         "parent_integrity": b"\x01" * 32 if parent else None, "checkpoint_id": UUID(int=1), "thread_id": UUID(int=2),
         "branch_id": 3, "parent_id": parent, "seq": 4, "kind": 1, "payload": b"\x01payload",
         "fields": {"step": 4, "label": "café", "metadata": {"k": [1, 2.5, None]}, "seed": 2**70, "id": UUID(int=9)},
     }  # fmt: skip
-    assert codec.integrity_mac(**arguments) == _reference_mac(**arguments)
+
+
+@pytest.mark.parametrize("parent", [None, UUID(int=7)])
+def test_a_version_1_integrity_mac_covers_the_same_bytes_as_before(parent: UUID | None) -> None:
+    arguments = _mac_arguments(parent)
+    assert codec.legacy_integrity_mac(**arguments) == _reference_mac(**arguments)
+    created_at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    assert codec.integrity_matches(_reference_mac(**arguments), **arguments, created_at=created_at)
+
+
+@pytest.mark.parametrize("parent", [None, UUID(int=7)])
+def test_a_version_2_integrity_mac_covers_created_at_to_the_microsecond(parent: UUID | None) -> None:
+    arguments = _mac_arguments(parent)
+    created_at = datetime(2026, 1, 2, 3, 4, 5, 678901, tzinfo=UTC)
+    mac = codec.integrity_mac(**arguments, created_at=created_at)
+
+    assert codec.integrity_matches(mac, **arguments, created_at=created_at)
+    assert codec.integrity_matches(mac, **arguments, created_at=created_at.astimezone(timezone(timedelta(hours=5))))
+    assert not codec.integrity_matches(mac, **arguments, created_at=created_at - timedelta(microseconds=1))
+    assert not codec.integrity_matches(mac, **arguments, created_at=created_at - timedelta(days=3))
+    # Neither version verifies as the other.
+    assert mac != codec.legacy_integrity_mac(**arguments)
 
 
 # The characters where json and orjson could part: quotes, escapes, controls, DEL, non-ASCII.

@@ -8,10 +8,14 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from django.urls import reverse
+from rest_framework.test import APIClient
 
 from agents.models import Agent
-from checkpoints import crypto, store
+from checkpoints import codec, crypto, store
+from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Checkpoint, Thread, ThreadKey
+from tests.conftest import person, signed_in
 
 
 def _written(agent: Agent, steps: int = 3) -> tuple[Thread, list[Checkpoint]]:
@@ -55,3 +59,62 @@ def test_verify_integrity_reports_an_unreadable_thread_and_checks_the_rest(agent
     # The threads after the unreadable ones were still checked.
     assert f"checkpoint {altered_rows[1].pk}" in out
     assert str(healthy.pk) not in out
+
+
+def test_a_back_dated_checkpoint_fails_verify_integrity_and_its_replay(agent: Agent, capsys: Any) -> None:
+    _, written = _written(agent)
+    _raw(
+        "UPDATE checkpoints_checkpoint SET created_at = created_at - interval '3 days' WHERE id = %s",
+        [written[1].pk],
+    )
+    _forget_everything()
+
+    with pytest.raises(CommandError, match="1 checkpoint"):
+        call_command("verify_integrity")
+    assert f"checkpoint {written[1].pk}: row does not match its integrity MAC" in capsys.readouterr().out
+    with pytest.raises(IntegrityFailure):
+        store.state_at(written[1])
+
+
+def test_a_rolled_back_head_pointer_is_reported_and_the_api_serves_the_true_head(
+    agent: Agent, owner_client: APIClient, capsys: Any
+) -> None:
+    thread, written = _written(agent)
+    _raw("UPDATE checkpoints_thread SET head_id = %s WHERE id = %s", [written[0].pk, thread.pk])
+    _forget_everything()
+
+    with pytest.raises(CommandError, match="1 of 1 thread"):
+        call_command("verify_integrity")
+    out = capsys.readouterr().out
+    assert f"FAILED thread {thread.pk}: its head points to checkpoint {written[0].pk}" in out
+    assert str(written[-1].pk) in out
+
+    detail = owner_client.get(f"/api/v1/threads/{thread.pk}/").json()
+    assert (detail["head"]["id"], detail["head"]["seq"]) == (str(written[-1].pk), 3)
+    page = signed_in(person("vera", "viewer")).get(reverse("dashboard:thread", kwargs={"thread_id": thread.pk}))
+    head_link = reverse("dashboard:checkpoint", kwargs={"checkpoint_id": written[-1].pk})
+    assert f'<a class="button primary" href="{head_link}">Open head #3</a>' in page.content.decode()
+
+
+def test_rows_whose_mac_predates_created_at_coverage_still_verify(agent: Agent, capsys: Any) -> None:
+    thread, written = _written(agent, steps=4)
+    # Re-MAC the thread as Quicksave did before created_at was covered (version 1).
+    parent_mac: bytes | None = None
+    for checkpoint in Checkpoint.objects.filter(thread=thread).order_by("seq"):
+        parent_mac = codec.legacy_integrity_mac(
+            parent_integrity=parent_mac, checkpoint_id=checkpoint.id, thread_id=checkpoint.thread_id,
+            branch_id=checkpoint.branch_id, parent_id=checkpoint.parent_id, seq=checkpoint.seq, kind=checkpoint.kind,
+            payload=bytes(checkpoint.payload), fields=store.mac_fields(checkpoint),
+        )  # fmt: skip
+        _raw("UPDATE checkpoints_checkpoint SET integrity = %s WHERE id = %s", [parent_mac, checkpoint.id])
+    _forget_everything()
+
+    call_command("verify_integrity")
+    assert "OK" in capsys.readouterr().out
+    assert store.state_at(written[-1])["n"] == 3
+    # A new checkpoint chained from a version-1 parent is written (and checked) as version 2.
+    newer = store.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/card"}])
+    _raw("UPDATE checkpoints_checkpoint SET created_at = created_at - interval '3 days' WHERE id = %s", [newer.pk])
+    _forget_everything()
+    with pytest.raises(CommandError, match="1 checkpoint"):
+        call_command("verify_integrity")

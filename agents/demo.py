@@ -2,8 +2,9 @@
 
 - travel: searches flights with a priced fake tool, asks approval to book the best one; once
   approved it re-checks the price and, if it moved since the request, asks again instead of booking.
-- code-review: reviews ten files, one per step. A crash can be injected at file 8; after a restart
-  it resumes at file 8 and no file is reviewed twice.
+- code-review: reviews ten files, one per step, posting each review (not idempotent). A crash can
+  be injected at file 8; after a restart it resumes at file 8 and no file is reviewed twice: a
+  review that may have been posted without its result recorded is put to a person.
 - migration: a wrong batch size chosen at step 15 makes step 20 fail — material for rewind and branch.
 
 Every fake tool with a side effect appends one line to the ledger file named by
@@ -84,7 +85,7 @@ class TravelAgent(Agent):
         state = ctx.state
         phase = state["phase"]
         if phase == "search":
-            offers = ctx.tool("search_flights", state["trip"], _search_flights)
+            offers = ctx.tool("search_flights", state["trip"], _search_flights, idempotent=True)
             state["offers"] = offers
             best = min(offers, key=lambda offer: offer["price"])
             state["quote"] = {"flight": best["flight"], "price": best["price"]}
@@ -106,7 +107,7 @@ class TravelAgent(Agent):
         if phase == "recheck":
             state["checks"] += 1
             args = {"flight": state["quote"]["flight"], "check": state["checks"], "jump": state["price_jump"]}
-            price = ctx.tool("check_price", args, _check_price)
+            price = ctx.tool("check_price", args, _check_price, idempotent=True)
             if price != state["quote"]["price"]:
                 state["messages"].append({"role": "assistant",
                                           "content": f"The price moved to {price} EUR; asking again."})  # fmt: skip
@@ -116,7 +117,9 @@ class TravelAgent(Agent):
             state["phase"] = "book"
             return Continue("price_confirmed")
         if phase == "book":
-            state["booking"] = ctx.tool("book_flight", state["quote"], _book_flight)
+            # The airline's API deduplicates on the idempotency key, so a booking that may or may
+            # not have gone through is safely sent again.
+            state["booking"] = ctx.tool("book_flight", state["quote"], _book_flight, idempotent=True)
             state["messages"].append({"role": "assistant", "content": f"Booked: {state['booking']['reference']}."})
             state["phase"] = "booked"
             return Done("booked")
@@ -134,9 +137,10 @@ def _check_price(args: dict[str, Any]) -> int:
     return _price(args["flight"], args["check"], args["jump"])
 
 
-def _book_flight(quote: dict[str, Any]) -> dict[str, Any]:
+def _book_flight(quote: dict[str, Any], idempotency_key: str) -> dict[str, Any]:
     side_effect("book_flight", quote["flight"])
-    return {"reference": "QS-" + hashlib.sha256(quote["flight"].encode()).hexdigest()[:6].upper(), **quote}
+    # The booking reference the airline would give back for this idempotency key, every time.
+    return {"reference": "QS-" + hashlib.sha256(idempotency_key.encode()).hexdigest()[:6].upper(), **quote}
 
 
 @register

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from checkpoints.fields import SealedJSONField
 from checkpoints.ids import new_id
 
 
@@ -127,3 +128,48 @@ class Run(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.reason}, {self.status})"
+
+
+class ToolCallState(models.TextChoices):
+    PENDING = "pending", "Pending"  # the intent is recorded; the effect may or may not have happened
+    DONE = "done", "Done"  # the result is recorded
+    IN_DOUBT = "in_doubt", "In doubt"  # a later attempt found it pending: a person decides
+    RETRY = "retry", "Run again"  # a person said it did not happen: the next attempt runs it
+
+
+class ToolCall(models.Model):
+    """One side-effecting call an agent makes: its intent, written before the call runs, and its result.
+
+    `key` is the call's idempotency key, the same every time a step is replayed from the same
+    checkpoint (agents.tool_calls.call_key), and handed to the tool. Written only through
+    agents.tool_calls; every write of a run's attempt is fenced (agents.fencing).
+    """
+
+    thread = models.ForeignKey(
+        "checkpoints.Thread", on_delete=models.CASCADE, related_name="tool_calls", db_index=False
+    )
+    key = models.CharField(max_length=128)
+    tool = models.CharField(max_length=200)
+    # SHA-256 of the canonical JSON of [tool, args]: a replay that calls something else at the
+    # same place is refused instead of handed this call's result.
+    args_digest = models.CharField(max_length=64)
+    args = SealedJSONField(bind=("thread_id", "key"))
+    idempotent = models.BooleanField(default=False)
+    state = models.CharField(max_length=16, choices=ToolCallState.choices, default=ToolCallState.PENDING)
+    # The attempt that last started the call: the one that died, when it is in doubt.
+    run = models.ForeignKey(
+        Run, null=True, blank=True, on_delete=models.DO_NOTHING, db_constraint=False, db_index=False,
+        related_name="+",
+    )  # fmt: skip
+    attempt = models.IntegerField(null=True, blank=True)
+    starts = models.IntegerField(default=1, help_text="How many times the call was started.")
+    result = SealedJSONField(null=True, blank=True, bind=("thread_id", "key"))
+    started_at = models.DateTimeField(default=timezone.now)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["started_at"]
+        constraints = [models.UniqueConstraint(fields=["thread", "key"], name="tool_call_key_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tool} ({self.state})"

@@ -19,19 +19,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.conninfo import make_conninfo
 
+from agents.fencing import Fence, LeaseLost
 from agents.models import Agent, Run, RunReason, RunStatus
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.store import record_event
 from quicksave.errors import DomainError
 
 CHANNEL = "quicksave_runs"
-
-
-class LeaseLost(DomainError):
-    """The run is no longer held by this worker: its lease expired and someone else claimed it."""
-
-    code = "lease_lost"
-    status = 409
 
 
 class RunFinished(DomainError):
@@ -84,27 +78,40 @@ def claim_run(*, agents: Iterable[Agent], worker: str, lease_seconds: int | None
     return run
 
 
-def heartbeat(*, run: Run, worker: str, lease_seconds: int | None = None) -> Run:
-    """Extend the lease of a run this worker holds; LeaseLost if it is no longer ours."""
+def fence_of(run: Run) -> Fence:
+    """The fence of the claim that gave `run` its current attempt."""
+    return Fence(run.pk, run.attempts)
+
+
+def heartbeat(*, run: Run, worker: str, lease_seconds: int | None = None, fence: Fence | None = None) -> Run:
+    """Extend the lease of a run this worker holds; LeaseLost if it is no longer ours.
+
+    With a `fence`, only that attempt's lease is extended: two holders of one agent key look
+    the same by name, not by attempt.
+    """
     lease = timedelta(seconds=lease_seconds or settings.QUICKSAVE_RUN_LEASE_SECONDS)
-    updated = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING, claimed_by=worker).update(
-        lease_expires_at=timezone.now() + lease
-    )
+    mine = Run.objects.filter(pk=run.pk, status=RunStatus.RUNNING, claimed_by=worker)
+    if fence is not None:
+        mine = mine.filter(attempts=fence.attempt)
+    updated = mine.update(lease_expires_at=timezone.now() + lease)
     if not updated:
         raise LeaseLost(f"Run {run.pk} is no longer held by {worker}.", detail={"run": str(run.pk)})
     run.refresh_from_db()
     return run
 
 
-def finish_run(*, run: Run, worker: str, status: str, error: str = "") -> Run:
-    """Close a run this worker holds as completed, failed or cancelled (its thread was cancelled)."""
+def finish_run(*, run: Run, worker: str, status: str, error: str = "", fence: Fence | None = None) -> Run:
+    """Close a run this worker holds as completed, failed or cancelled (its thread was cancelled).
+
+    With a `fence`, only that attempt may close it: LeaseLost once another attempt claimed it.
+    """
     if status not in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED):
         raise ValueError(f"a run finishes as completed, failed or cancelled, not {status!r}")
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status != RunStatus.RUNNING:
             raise RunFinished(f"Run {run.pk} is already {locked.status}.", detail={"status": locked.status})
-        if locked.claimed_by != worker:
+        if locked.claimed_by != worker or (fence is not None and fence.attempt != locked.attempts):
             raise LeaseLost(f"Run {run.pk} is held by another worker now.", detail={"run": str(run.pk)})
         locked.status = status
         locked.error = error[:10_000]
@@ -148,4 +155,7 @@ class RunNotifications:
         return woken
 
 
-__all__ = ["RunNotifications", "RunReason", "claim_run", "enqueue_run", "finish_run", "heartbeat"]
+__all__ = [
+    "LeaseLost", "RunFinished", "RunNotifications", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
+    "heartbeat",
+]  # fmt: skip

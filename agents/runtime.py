@@ -3,16 +3,23 @@
 An agent is a state machine. `step(ctx)` reads and changes `ctx.state` and returns
 what happened (`Continue`, `Done`, `Fail`); the runtime commits a checkpoint after
 every step before it starts the next, so a crash loses at most the step in flight.
-Side effects go through `ctx.tool(...)`, whose results are cached per thread: a step
-replayed after a crash gets the cached result instead of repeating the call.
+Side effects go through `ctx.tool(...)`, which logs an intent before the call and its
+result after (agents.tool_calls): a step replayed after a crash gets the recorded result
+instead of repeating the call, and a call that may have run without a recorded result
+goes to a person instead of running again (unless the tool is idempotent).
 
 `ctx.request_approval(...)` checkpoints the thread as waiting for approval and ends
 the run. When a person decides, a run resumes the agent from that checkpoint; the
-step runs again, and this time the same call returns the decision.
+step runs again, and this time the same call returns the decision — only if it is the
+very call the decision was made on.
+
+Every write a run makes carries its fence (agents.fencing), and the runtime checks the
+lease before each step and each tool call: an attempt that lost its run stops.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,14 +28,16 @@ from uuid import UUID
 
 from django.db import transaction
 
+from agents import tool_calls
+from agents.fencing import Fence, LeaseLost
 from agents.keys import get_or_create_agent
-from agents.models import Run, RunReason
+from agents.models import Run, RunReason, ToolCall
 from agents.runs import enqueue_run
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from checkpoints import store
 from checkpoints.errors import StaleParent
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
-from checkpoints.tools import get_tool_result, put_tool_result, tool_key
+from checkpoints.tools import tool_key
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +81,10 @@ class Decision:
 
 class Suspend(Exception):
     """Raised by ctx.request_approval to end the run while a person decides."""
+
+
+class ApprovalMismatch(Exception):
+    """A resumed step asked for something other than the call its decision was made on."""
 
 
 class Agent:
@@ -127,7 +140,7 @@ def registered() -> dict[str, type[Agent]]:
 
 @dataclass
 class Context:
-    """What a step sees: the thread, its state, the tool cache and any pending decision."""
+    """What a step sees: the thread, its state, the tool-call log and any pending decision."""
 
     thread: Thread
     agent: Agent
@@ -135,24 +148,78 @@ class Context:
     state: dict[str, Any]
     step_number: int
     decision: Decision | None = None
-    _decided_action: str | None = field(default=None, repr=False)
+    # The run's claim, and whether it still holds its lease (a worker's heartbeat says).
+    fence: Fence | None = None
+    lease_held: Callable[[], bool] = field(default=lambda: True, repr=False)
+    # The call the decision was made on: (action, digest of [action, args]).
+    _decided_call: tuple[str, str] | None = field(default=None, repr=False)
+    # The checkpoint the step in flight started from, and how many calls it has made: together
+    # they key each call, the same way on every replay of the step.
+    _step_base: UUID | None = field(default=None, repr=False)
+    _calls: int = field(default=0, repr=False)
 
-    def tool(self, name: str, args: Any, fn: Callable[[Any], Any]) -> Any:
-        """Call `fn(args)` once per thread for these args; later calls get the first result."""
-        key = tool_key(name, args)
-        cached = get_tool_result(thread=self.thread, key=key)
-        if cached is not None:
-            return cached.result
-        result = fn(args)
-        stored, _ = put_tool_result(thread=self.thread, key=key, result=result, tool=name)
-        return stored.result
+    def tool(self, name: str, args: Any, fn: Callable[..., Any], *, idempotent: bool = False) -> Any:
+        """Call `fn(args)` at most once for this step (see agents.tool_calls); a replay gets the first result.
+
+        The intent is committed before `fn` runs and the result after. When `fn` takes an
+        `idempotency_key` argument it gets the call's key, the same on every replay: pass it to an
+        API that deduplicates on it. `idempotent=True` says running `fn` twice with that key does
+        no harm, so a replay that cannot tell whether it ran runs it again; any other call in that
+        state stops the run and waits for a person.
+        """
+        self.check_lease()
+        key = tool_calls.call_key(thread_id=self.thread.pk, checkpoint_id=self._step_base, position=self._calls)
+        self._calls += 1
+        begun = tool_calls.begin(thread_id=self.thread.pk, key=key, tool=name, args=args, idempotent=idempotent,
+                                 fence=self.fence)  # fmt: skip
+        if begun.outcome is tool_calls.Outcome.DONE:
+            return begun.call.result
+        if begun.outcome is tool_calls.Outcome.IN_DOUBT:
+            raise _InDoubt(begun.call)
+        result = fn(args, idempotency_key=key) if _takes_key(fn) else fn(args)
+        return tool_calls.finish(thread_id=self.thread.pk, key=key, result=result, fence=self.fence)
+
+    def check_lease(self) -> None:
+        """Raise LeaseLost when this run's attempt no longer holds its lease."""
+        if self.fence is not None and not self.lease_held():
+            raise self.fence.lost(thread_id=self.thread.pk)
 
     def request_approval(self, action: str, args: Any, message: str = "") -> Decision:
-        """Return the decision on `action` if one was made; otherwise suspend until a person decides."""
-        if self.decision is not None and self._decided_action == action:
-            decision, self.decision, self._decided_action = self.decision, None, None
+        """Return the decision on `action(args)` if one was made; otherwise suspend until a person decides.
+
+        A step resumed by a decision must ask for the very call the decision was made on (the
+        same action and arguments): anything else raises ApprovalMismatch, and the thread fails
+        instead of acting on a decision nobody made.
+        """
+        if self.decision is not None and self._decided_call is not None:
+            asked = (action, tool_key(action, args))
+            if asked != self._decided_call:
+                raise ApprovalMismatch(
+                    f"The resumed step asked to approve {action} with arguments (digest {asked[1][:12]}), but the "
+                    f"decision was made on {self._decided_call[0]} (digest {self._decided_call[1][:12]}); "
+                    "not acting on it."
+                )
+            decision, self.decision, self._decided_call = self.decision, None, None
             return decision
         raise _ApprovalNeeded(action=action, args=args, message=message)
+
+    def _begin_step(self) -> None:
+        self.check_lease()
+        self._step_base, self._calls = self.head, 0
+
+
+def _takes_key(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return "idempotency_key" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+
+
+class _InDoubt(Suspend):
+    def __init__(self, call: ToolCall) -> None:
+        super().__init__(call.tool)
+        self.call = call
 
 
 class _ApprovalNeeded(Suspend):
@@ -180,19 +247,26 @@ def start_thread(*, agent_class: type[Agent], external_id: str | None = None, **
     return thread
 
 
-def execute(run: Run, *, max_steps: int = 1000) -> str:
+def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] | None = None) -> str:
     """Drive the run's agent from the run's checkpoint until it finishes, fails or suspends.
 
-    Returns what happened: "done", "failed", "suspended", "stale" (someone else moved
-    the branch on: this run is obsolete) or "cancelled" (the thread was cancelled meanwhile).
+    Returns what happened: "done", "failed", "suspended" (waiting for a person: an approval or
+    a call in doubt), "stale" (someone else moved the branch on: this run is obsolete),
+    "cancelled" (the thread was cancelled meanwhile) or "lease_lost" (another attempt holds
+    the run now: this one stopped, and wrote nothing after it lost the run). `lease_held` says
+    whether the worker still holds the run's lease; it is asked before each step and tool call.
     """
     thread = Thread.objects.select_related("agent").get(pk=run.thread_id)
     agent_class = _registry.get(thread.agent.name)
     if agent_class is None:
         raise RuntimeError(f"No in-process agent is registered as {thread.agent.name!r}")
     agent = agent_class()
+    fence = Fence(run.pk, run.attempts)
     if isinstance(agent, LoopAgent):
-        return agent.drive(run, thread)
+        try:
+            return agent.drive(run, thread)
+        except LeaseLost:
+            return "lease_lost"
     start = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
     if run.attempts > 1:
         # An earlier attempt died holding this run after checkpointing past the run's
@@ -210,35 +284,74 @@ def execute(run: Run, *, max_steps: int = 1000) -> str:
             if finished is not None:
                 return finished
     state = agent.upcast(store.state_at(start, hot=True), start.schema_version)
-    ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0)
+    ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0, fence=fence,
+                  lease_held=lease_held or (lambda: True))  # fmt: skip
+    # The step a decision resumes began at the checkpoint before the one that waited for it:
+    # its calls keep the keys they had when it first ran.
+    resumed_from = start.parent_id if start.status == CheckpointStatus.WAITING_FOR_APPROVAL else start.pk
     if run.approval_id and start.pk == run.checkpoint_id:
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
-        ctx.decision = decision_for(approval)
-        ctx._decided_action = approval.action
+        if approval.kind == ApprovalKind.APPROVAL:
+            if approval.checkpoint_id != start.pk:
+                return _refuse(ctx, run, f"Run {run.pk} resumes checkpoint {start.pk}, but its decision was made "
+                                         f"at checkpoint {approval.checkpoint_id}; not acting on it.")  # fmt: skip
+            ctx.decision = decision_for(approval)
+            ctx._decided_call = (approval.action, tool_key(approval.action, approval.args))
 
-    for _ in range(max_steps):
-        try:
-            result = agent.step(ctx)
-        except _ApprovalNeeded as needed:
-            _suspend(ctx, needed)
-            return "suspended"
-        except Exception as exc:
-            log.exception("agent %s failed in thread %s", agent.name, thread.pk)
-            result = Fail(reason=f"{type(exc).__name__}: {exc}")
-        if Thread.objects.filter(pk=thread.pk, status=ThreadStatus.CANCELLED).exists():
-            # An admin cancelled the thread during this step: its result is not committed.
-            log.info("run %s stops: thread %s was cancelled", run.pk, thread.pk)
-            return "cancelled"
-        try:
-            _commit(ctx, result)
-        except StaleParent:
-            log.warning("run %s is stale: thread %s moved on past %s", run.pk, thread.pk, ctx.head)
-            return "stale"
-        if isinstance(result, Done):
-            return "done"
-        if isinstance(result, Fail):
-            return "failed"
+    try:
+        for number in range(max_steps):
+            ctx._begin_step()
+            if number == 0:
+                ctx._step_base = resumed_from
+            try:
+                result = agent.step(ctx)
+                if ctx.decision is not None:
+                    raise ApprovalMismatch(
+                        f"The resumed step did not ask for {ctx._decided_call[0] if ctx._decided_call else 'it'}, "
+                        "the call its decision was made on; not going on without it."
+                    )
+            except _ApprovalNeeded as needed:
+                _suspend(ctx, needed)
+                return "suspended"
+            except _InDoubt as doubt:
+                from approvals.services import file_in_doubt
+
+                file_in_doubt(call=doubt.call, checkpoint=Checkpoint.objects.defer("payload").get(pk=ctx.head),
+                              fence=fence)  # fmt: skip
+                log.warning("run %s stops: call %s (%s) is in doubt", run.pk, doubt.call.key[:12], doubt.call.tool)
+                return "suspended"
+            except LeaseLost:
+                raise
+            except Exception as exc:
+                log.exception("agent %s failed in thread %s", agent.name, thread.pk)
+                result = Fail(reason=f"{type(exc).__name__}: {exc}")
+            if Thread.objects.filter(pk=thread.pk, status=ThreadStatus.CANCELLED).exists():
+                # An admin cancelled the thread during this step: its result is not committed.
+                log.info("run %s stops: thread %s was cancelled", run.pk, thread.pk)
+                return "cancelled"
+            try:
+                _commit(ctx, result)
+            except StaleParent:
+                log.warning("run %s is stale: thread %s moved on past %s", run.pk, thread.pk, ctx.head)
+                return "stale"
+            if isinstance(result, Done):
+                return "done"
+            if isinstance(result, Fail):
+                return "failed"
+    except LeaseLost:
+        log.warning("run %s: attempt %s lost its lease; it stops here", run.pk, run.attempts)
+        return "lease_lost"
     raise RuntimeError(f"{agent.name} did not finish within {max_steps} steps")
+
+
+def _refuse(ctx: Context, run: Run, reason: str) -> str:
+    """Fail the thread at its head with `reason` instead of resuming it."""
+    log.error("run %s: %s", run.pk, reason)
+    try:
+        _commit(ctx, Fail(reason=reason))
+    except (StaleParent, LeaseLost):
+        return "stale"
+    return "failed"
 
 
 # A checkpoint with one of these statuses ended its run: a retried run stops there.
@@ -261,7 +374,7 @@ def _commit(ctx: Context, result: StepResult) -> None:
         metadata = {"error": result.reason[:2000]}
     checkpoint = store.append_checkpoint(
         thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number, label=result.label,
-        status=status, metadata=metadata, schema_version=ctx.agent.schema_version,
+        status=status, metadata=metadata, schema_version=ctx.agent.schema_version, fence=ctx.fence,
     )  # fmt: skip
     ctx.head = checkpoint.pk
 
@@ -275,10 +388,10 @@ def _suspend(ctx: Context, needed: _ApprovalNeeded) -> None:
         checkpoint = store.append_checkpoint(
             thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number,
             label=f"approval: {needed.action}", status=CheckpointStatus.WAITING_FOR_APPROVAL,
-            schema_version=ctx.agent.schema_version,
+            schema_version=ctx.agent.schema_version, fence=ctx.fence,
         )  # fmt: skip
         request_approval(thread=ctx.thread, checkpoint=checkpoint, action=needed.action, args=needed.action_args,
-                         message=needed.message)  # fmt: skip
+                         message=needed.message, fence=ctx.fence)  # fmt: skip
     ctx.head = checkpoint.pk
 
 

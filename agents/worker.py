@@ -4,6 +4,9 @@ Woken by NOTIFY when a run is queued (polling only as a fallback), it keeps each
 claimed run's lease alive with heartbeats from a side thread, and expires overdue
 approvals as it goes. Killing it at any moment loses nothing acknowledged: its run's
 lease runs out and another worker (or this one, restarted) claims the run again.
+A worker that wakes after losing its lease (frozen, partitioned) stops the run where it
+is: the runtime asks `_Heartbeat.held` before each step and tool call, and the database
+refuses the attempt's writes anyway (agents.fencing). Nothing a run does ends the worker.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -20,7 +24,7 @@ from django.db import close_old_connections, connections
 
 from agents import runtime
 from agents.models import Agent, Run, RunStatus
-from agents.runs import LeaseLost, RunNotifications, claim_run, finish_run, heartbeat
+from agents.runs import LeaseLost, RunFinished, RunNotifications, claim_run, fence_of, finish_run, heartbeat
 from approvals.services import expire_due
 
 log = logging.getLogger(__name__)
@@ -34,7 +38,7 @@ def load_agent_modules(modules: Iterable[str] | None = None) -> dict[str, type[r
 
 
 class _Heartbeat(threading.Thread):
-    """Renews a run's lease every third of the lease until stopped."""
+    """Renews a run's lease every third of the lease until stopped, and knows until when it holds it."""
 
     def __init__(self, run: Run, worker: str, lease_seconds: int) -> None:
         super().__init__(name=f"heartbeat-{run.pk}", daemon=True)
@@ -43,15 +47,29 @@ class _Heartbeat(threading.Thread):
         self.lease_seconds = lease_seconds
         self.stopped = threading.Event()
         self.lost = threading.Event()
+        # The lease runs from the claim, made just before this; counted from now it would end late.
+        self.deadline = time.monotonic() + lease_seconds * 0.9
+
+    def held(self) -> bool:
+        """Whether the lease surely still holds: not lost, and renewed within the lease. A process
+        frozen past its lease sees the monotonic clock jump on waking, even before a renewal fails."""
+        return not self.lost.is_set() and time.monotonic() < self.deadline
 
     def run(self) -> None:
         try:
             while not self.stopped.wait(self.lease_seconds / 3):
+                sent = time.monotonic()
                 try:
-                    heartbeat(run=self.run_, worker=self.worker, lease_seconds=self.lease_seconds)
+                    heartbeat(run=self.run_, worker=self.worker, lease_seconds=self.lease_seconds,
+                              fence=fence_of(self.run_))  # fmt: skip
                 except LeaseLost:
                     self.lost.set()
                     return
+                except Exception:
+                    # The database may be back by the next beat; the lease says how long to wait.
+                    log.warning("heartbeat of run %s failed", self.run_.pk, exc_info=True)
+                    continue
+                self.deadline = sent + self.lease_seconds
         finally:
             connections.close_all()
 
@@ -80,7 +98,13 @@ class Worker:
     def run_forever(self) -> None:
         with RunNotifications() as notifications:
             while not self.stopping.is_set():
-                if not self.run_once():
+                try:
+                    worked = self.run_once()
+                except Exception:
+                    # The database went away, say: log it, wait, try again; never end the worker.
+                    log.exception("worker %s: looking for work failed", self.name)
+                    worked = False
+                if not worked:
                     close_old_connections()
                     notifications.wait(self.poll_seconds)
 
@@ -93,7 +117,7 @@ class Worker:
         beat = _Heartbeat(run, self.name, self.lease_seconds)
         beat.start()
         try:
-            outcome = runtime.execute(run)
+            outcome = runtime.execute(run, lease_held=beat.held)
         except Exception as exc:
             log.exception("run %s crashed", run.pk)
             beat.stopped.set()
@@ -101,15 +125,19 @@ class Worker:
             return True
         beat.stopped.set()
         log.info("run %s (%s) of thread %s: %s", run.pk, run.reason, run.thread_id, outcome)
+        if outcome == "lease_lost":
+            return True  # another attempt holds the run; closing it is that attempt's business
         status = {"failed": RunStatus.FAILED, "cancelled": RunStatus.CANCELLED}.get(outcome, RunStatus.COMPLETED)
         self._finish(run, status, "the agent failed" if outcome == "failed" else "")
         return True
 
     def _finish(self, run: Run, status: str, error: str) -> None:
         try:
-            finish_run(run=run, worker=self.name, status=status, error=error)
+            finish_run(run=run, worker=self.name, status=status, error=error, fence=fence_of(run))
         except LeaseLost:
             log.warning("run %s: lease lost before it finished; another worker owns it now", run.pk)
+        except RunFinished as finished:
+            log.warning("run %s: another attempt finished it first (%s)", run.pk, finished.detail.get("status"))
 
 
 def start_background_worker() -> threading.Thread:

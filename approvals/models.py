@@ -16,6 +16,20 @@ class ApprovalStatus(models.TextChoices):
     REJECTED = "rejected", "Rejected"
     EXPIRED = "expired", "Expired"
     CANCELLED = "cancelled", "Cancelled"
+    RESOLVED = "resolved", "Resolved"  # an in-doubt call a person answered
+
+
+class ApprovalKind(models.TextChoices):
+    APPROVAL = "approval", "Approval"  # the agent asks before it acts
+    IN_DOUBT = "in_doubt", "In-doubt call"  # a call may have run without a recorded result
+
+
+class Resolution(models.TextChoices):
+    """A person's answer on an in-doubt call."""
+
+    HAPPENED = "happened", "It happened"  # record this result; the agent goes on with it
+    NOT_HAPPENED = "not_happened", "It did not happen"  # the agent runs the call
+    FAIL = "fail", "Fail the thread"
 
 
 class Risk(models.TextChoices):
@@ -27,10 +41,17 @@ class Risk(models.TextChoices):
 class ApprovalRequest(models.Model):
     """What the agent wants to do, why, and — once decided — who decided what, and when.
 
+    An `in_doubt` request is no question the agent asked: a replay found a call started by an attempt
+    that died before recording its result (`tool_call`), and a person says whether it happened.
     Written only through approvals.services; exactly one decision ever wins.
     """
 
     id = models.UUIDField(primary_key=True, default=new_id, editable=False)
+    kind = models.CharField(max_length=16, choices=ApprovalKind.choices, default=ApprovalKind.APPROVAL)
+    tool_call = models.ForeignKey(
+        "agents.ToolCall", null=True, blank=True, on_delete=models.CASCADE, related_name="+", db_index=False
+    )
+    resolution = models.CharField(max_length=16, choices=Resolution.choices, blank=True)
     thread = models.ForeignKey("checkpoints.Thread", on_delete=models.CASCADE, related_name="approvals")
     checkpoint = models.ForeignKey(
         "checkpoints.Checkpoint", on_delete=models.CASCADE, related_name="approvals", db_index=False

@@ -7,6 +7,7 @@ AlreadyDecided. The decision, the resume run and their events commit together.
 
 from __future__ import annotations
 
+import hashlib
 from datetime import datetime
 from typing import Any
 
@@ -16,17 +17,23 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agents.models import Agent, RunReason
+from agents import fencing, tool_calls
+from agents.fencing import Fence
+from agents.models import Agent, RunReason, ToolCall
 from agents.runs import enqueue_run
 from approvals import audit
-from approvals.models import ApprovalRequest, ApprovalStatus, Risk
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
 from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
-from checkpoints.store import record_event
+from checkpoints.store import record_event, set_thread_status
 from quicksave.errors import DomainError
 
 APPROVE = "approve"
 REJECT = "reject"
+# The answers on an in-doubt call.
+HAPPENED = Resolution.HAPPENED.value
+NOT_HAPPENED = Resolution.NOT_HAPPENED.value
+FAIL = Resolution.FAIL.value
 
 
 class InvalidApproval(DomainError):
@@ -67,8 +74,12 @@ def request_approval(
     message: str = "",
     risk: str = Risk.HIGH,
     expires_at: datetime | None = None,
+    fence: Fence | None = None,
 ) -> ApprovalRequest:
-    """Suspend `thread` at `checkpoint` until a person decides whether `action(args)` may run."""
+    """Suspend `thread` at `checkpoint` until a person decides whether `action(args)` may run.
+
+    A run's request carries its `fence`: LeaseLost, and nothing filed, once another attempt holds the run.
+    """
     if checkpoint.thread_id != thread.pk:
         raise InvalidApproval(f"Checkpoint {checkpoint.pk} is not in thread {thread.pk}.",
                               detail={"field": "checkpoint"})  # fmt: skip
@@ -82,6 +93,7 @@ def request_approval(
     _check_json(args, "args")
     try:
         with transaction.atomic():
+            fencing.hold(fence, thread_id=thread.pk)
             approval = ApprovalRequest.objects.create(
                 thread=thread, checkpoint=checkpoint, action=action, args=args, message=message, risk=risk,
                 expires_at=expires_at,
@@ -122,6 +134,9 @@ def decide(
     expired = False
     with transaction.atomic():
         locked = ApprovalRequest.objects.select_for_update().select_related("thread").get(pk=approval.pk)
+        if locked.kind == ApprovalKind.IN_DOUBT:
+            raise InvalidApproval(f"An in-doubt call is answered {', '.join(Resolution.values)}, not {decision}.",
+                                  detail={"field": "decision"})  # fmt: skip
         _check_pending(locked)
         now = timezone.now()
         if locked.expires_at is not None and locked.expires_at <= now:
@@ -141,7 +156,7 @@ def decide(
                 actor=user, action=f"approval.{decision}", target_type="approval", target_id=locked.pk,
                 thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "args": locked.args},
                 after={"status": locked.status, "args": locked.decided_args, "args_edited": locked.args_edited},
-                address=address,
+                address=address, sealed=("args",),
             )  # fmt: skip
             _resume(locked)
     if expired:
@@ -152,6 +167,95 @@ def decide(
                 "expired_at": locked.decided_at.isoformat() if locked.decided_at else None,
             },
         )
+    return locked
+
+
+def file_in_doubt(*, call: ToolCall, checkpoint: Checkpoint, fence: Fence | None = None) -> ApprovalRequest | None:
+    """Put a call in doubt before a person: the attempt that started it died before recording its
+    result, so nobody knows whether it happened. Marks the call in doubt, files an `in_doubt`
+    request at `checkpoint` (the checkpoint the replayed step started from) and sets the thread
+    waiting, in one transaction. None when another attempt filed it first."""
+    thread = Thread.objects.select_related("agent").get(pk=call.thread_id)
+    started = f"{call.started_at:%Y-%m-%d %H:%M:%S %Z}"
+    attempt = f"attempt {call.attempt}" if call.attempt else "a write outside any run"
+    message = (
+        f"{call.tool} was started at {started} by {attempt}, which stopped before recording a result. Did it happen?"
+    )
+    try:
+        with transaction.atomic():
+            if not tool_calls.mark_in_doubt(call=call, fence=fence):
+                return None
+            approval = ApprovalRequest.objects.create(
+                thread=thread, checkpoint=checkpoint, kind=ApprovalKind.IN_DOUBT, tool_call=call, action=call.tool,
+                args=call.args, message=message, risk=Risk.HIGH,
+            )  # fmt: skip
+            waiting = Thread.objects.filter(pk=thread.pk).exclude(status=ThreadStatus.CANCELLED)
+            if not waiting.update(status=ThreadStatus.WAITING_FOR_APPROVAL):
+                raise ThreadCancelled(f"Thread {thread.pk} was cancelled; it takes no in-doubt items.")
+            record_event(thread=thread, type="approval.requested", data=_summary(approval))
+    except IntegrityError:
+        raise ApprovalPending(f"Thread {thread.pk} already waits on a decision.") from None
+    return approval
+
+
+_UNSET: Any = object()
+
+
+def resolve_in_doubt(
+    *,
+    approval: ApprovalRequest,
+    user: User,
+    resolution: str,
+    comment: str = "",
+    result: Any = _UNSET,
+    address: str | None = None,
+) -> ApprovalRequest:
+    """A person's answer on an in-doubt call: `happened` (with the call's `result`, which the agent
+    goes on with), `not_happened` (the agent runs the call, under the same idempotency key) or
+    `fail` (the thread fails; a comment says why). Exactly one answer wins, as with decisions."""
+    if resolution not in Resolution.values:
+        raise InvalidApproval(f"`decision` must be one of {', '.join(Resolution.values)} for an in-doubt call.",
+                              detail={"field": "decision"})  # fmt: skip
+    comment = (comment or "").strip()
+    if "\x00" in comment:
+        raise InvalidApproval("The comment cannot hold a NUL character.", detail={"field": "comment"})
+    if resolution == HAPPENED and result is _UNSET:
+        raise InvalidApproval("`happened` needs the call's `result`.", detail={"field": "result"})
+    if resolution != HAPPENED and result is not _UNSET:
+        raise InvalidApproval("A `result` only goes with `happened`.", detail={"field": "result"})
+    if resolution == FAIL and not comment:
+        raise InvalidApproval("Failing the thread needs a `comment` saying why.", detail={"field": "comment"})
+    if result is not _UNSET:
+        _check_json(result, "result")
+    with transaction.atomic():
+        locked = ApprovalRequest.objects.select_for_update().select_related("thread__agent").get(pk=approval.pk)
+        if locked.kind != ApprovalKind.IN_DOUBT or locked.tool_call_id is None:
+            raise InvalidApproval("This is an approval, not an in-doubt call: approve or reject it.",
+                                  detail={"field": "decision"})  # fmt: skip
+        _check_pending(locked)
+        call = ToolCall.objects.select_for_update().get(pk=locked.tool_call_id)
+        if resolution != FAIL:
+            tool_calls.resolve(call=call, happened=resolution == HAPPENED, result=None if result is _UNSET else result)
+        now = timezone.now()
+        locked.status = ApprovalStatus.RESOLVED
+        locked.resolution = resolution
+        locked.decided_args = {"result": result} if resolution == HAPPENED else None
+        locked.comment = comment
+        locked.decided_by = user
+        locked.decided_at = now
+        locked.save(update_fields=["status", "resolution", "decided_args", "comment", "decided_by", "decided_at"])
+        audit.record(
+            actor=user, action=f"in_doubt.{resolution}", target_type="approval", target_id=locked.pk,
+            thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "tool": call.tool},
+            after={"status": locked.status, "resolution": resolution,
+                   "result_digest": _digest(result) if resolution == HAPPENED else None},
+            address=address,
+        )  # fmt: skip
+        if resolution == FAIL:
+            record_event(thread=locked.thread, type="approval.decided", data=_summary(locked))
+            set_thread_status(thread=locked.thread, status=ThreadStatus.FAILED)
+        else:
+            _resume(locked)
     return locked
 
 
@@ -251,11 +355,17 @@ def _check_json(value: Any, field: str) -> None:
         raise InvalidApproval(f"`{field}` {exc}.", detail={"field": field}) from None
 
 
+def _digest(value: Any) -> str:
+    """SHA-256 of a value's canonical JSON: what the audit trail keeps of a recorded result."""
+    return hashlib.sha256(codec.to_canonical_bytes(value)).hexdigest()
+
+
 def _summary(approval: ApprovalRequest) -> dict[str, Any]:
     return {
         "approval": str(approval.pk),
         "agent": approval.thread.agent.name,
         "action": approval.action,
+        "kind": approval.kind,
         "status": approval.status,
         "checkpoint": str(approval.checkpoint_id),
         "decided_by": approval.decided_by.get_username() if approval.decided_by else None,

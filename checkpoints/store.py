@@ -38,6 +38,8 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb, JsonbBinaryLoader
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
+from agents import fencing
+from agents.fencing import Fence
 from agents.models import Agent
 from checkpoints import blobs, codec, crypto, hotcache, live, wire
 from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
@@ -264,13 +266,15 @@ def append_checkpoint(
     schema_version: int = 1,
     source: str = CheckpointSource.AGENT,
     tool_results: list[dict[str, Any]] | None = None,
+    fence: Fence | None = None,
 ) -> Checkpoint:
     """Append a checkpoint after `parent`, which must be the head of its branch.
 
     Give either the full new `state` or a `patch` against the parent's state.
     Raises StaleParent (naming the current head) when another write got there
     first, InvalidState / InvalidPatch / StateTooLarge for input the store
-    refuses; a refused write leaves nothing behind.
+    refuses; a refused write leaves nothing behind. A run's write carries its `fence` and raises
+    LeaseLost, writing nothing, once another attempt holds the run.
     """
     if (state is None) == (patch is None):
         raise InvalidState("Give exactly one of `state` (the full new state) or `patch` (RFC 6902 ops).")
@@ -319,6 +323,7 @@ def append_checkpoint(
         "parent_mac": parent_node.integrity if parent_node else None,
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
+        **fencing.params(fence),
         "event": Jsonb(dumps=codec.dumps, obj={
             "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
             "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
@@ -356,7 +361,7 @@ def append_checkpoint(
             params["metadata"] = fields["metadata"]
             checkpoint = Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
             if not written():
-                raise _refused(params, branch_name=branch_name)
+                raise _refused(params, branch_name=branch_name, fence=fence)
             for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
@@ -397,11 +402,13 @@ WITH cp AS (
         %(created_at)s::timestamptz
     -- The MAC this row chains from must still be its parent's: a parent rewritten by compaction
     -- since this process cached it makes the write retry from the stored row.
-    WHERE %(parent_id)s::uuid IS NULL OR EXISTS (
+    WHERE (%(parent_id)s::uuid IS NULL OR EXISTS (
         SELECT 1 FROM checkpoints_checkpoint p WHERE p.id = %(parent_id)s::uuid AND p.integrity = %(parent_mac)s::bytea
         -- Waits for a compaction rewriting the parent (it locks the row FOR UPDATE), then checks the
         -- new MAC. KEY SHARE is the lock the deferred parent_id foreign key takes at commit anyway.
-        FOR KEY SHARE)
+        FOR KEY SHARE))
+    -- A run's write only while its attempt still holds the run (agents.fencing).
+    AND {fence}
     ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
     RETURNING id
 ), bumped AS (
@@ -423,7 +430,7 @@ INSERT INTO checkpoints_event (thread_id, seq, type, data, created_at)
 SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event)s::jsonb, %(created_at)s::timestamptz
 FROM bumped
 RETURNING seq
-"""
+""".replace("{fence}", fencing.SQL)
 
 # Every column, in model order, as Model.from_db wants them.
 _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
@@ -493,8 +500,10 @@ def _append_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
     return cursor
 
 
-def _refused(params: dict[str, Any], *, branch_name: str) -> Exception:
-    """Why an append wrote nothing: a stale parent (naming the head), or a stale cached parent."""
+def _refused(params: dict[str, Any], *, branch_name: str, fence: Fence | None = None) -> Exception:
+    """Why an append wrote nothing: a lost lease, a stale parent (naming the head), or a stale cached parent."""
+    if fence is not None and not fencing.holds(fence, thread_id=params["thread_id"]):
+        return fence.lost(thread_id=params["thread_id"])
     head = branch_head(thread_id=params["thread_id"], branch_id=params["branch_id"])
     if (head is None and params["seq"] == 1) or head == (params["parent_id"], params["seq"] - 1):
         # Nobody wrote first: the parent's MAC changed under this process's cache.

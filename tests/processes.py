@@ -123,3 +123,55 @@ class RedisServer:
         from checkpoints import hotcache
 
         return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))
+
+
+class Workers:
+    """`manage.py run_agents` processes against the test database, each logging to a file of its own.
+
+    Whatever is left running is killed by `kill_all`, which a fixture calls before pytest-django
+    empties the tables these processes hold locks on.
+    """
+
+    def __init__(self, directory: Path, *, agent: str, lease_seconds: int, env: dict[str, str] | None = None) -> None:
+        self.directory = directory
+        self.agent = agent
+        self.lease_seconds = lease_seconds
+        self.env = env or {}
+        self.processes: list[subprocess.Popen[bytes]] = []
+
+    def start(self, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        log = open(self.directory / f"worker-{len(self.processes) + 1}.log", "wb")  # noqa: SIM115
+        with log:
+            process = subprocess.Popen(
+                [sys.executable, "manage.py", "run_agents", "--agent", self.agent,
+                 "--lease", str(self.lease_seconds), "--poll", "0.2"],
+                cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url(), **self.env, **(env or {})},
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self.processes.append(process)
+        return process
+
+    def log_of(self, process: subprocess.Popen[bytes]) -> str:
+        index = self.processes.index(process) + 1
+        return (self.directory / f"worker-{index}.log").read_text(errors="replace")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- worker {n}\n{self.log_of(p)}" for n, p in enumerate(self.processes, 1))
+
+    def stop(self, process: subprocess.Popen[bytes]) -> int:
+        """SIGTERM, as an operator stops a worker; returns its exit status."""
+        if process.poll() is None:
+            process.terminate()
+        return process.wait(timeout=30)
+
+    def kill_all(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+
+
+def process_state(process: subprocess.Popen[bytes]) -> str:
+    """The process's state letter from /proc (R running, S sleeping, T stopped, Z zombie)."""
+    stat = Path(f"/proc/{process.pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
 from django.http import HttpRequest
 
+from approvals import audit
 from approvals.models import AuditEntry
 
 if TYPE_CHECKING:  # ModelAdmin is generic only in django-stubs
@@ -21,7 +23,21 @@ class AuditEntryAdmin(AuditEntryAdminBase):
     list_filter = ("action",)
     search_fields = ("actor_name", "target_id")
     date_hierarchy = "created_at"
-    readonly_fields = tuple(field.name for field in AuditEntry._meta.fields)
+    # before/after as a person reads them (sealed values opened while their thread lives), not as stored.
+    exclude = ("before", "after")
+    readonly_fields = (
+        *(field.name for field in AuditEntry._meta.fields if field.name not in ("before", "after")),
+        "opened_before",
+        "opened_after",
+    )
+
+    @admin.display(description="before")
+    def opened_before(self, entry: AuditEntry) -> str:
+        return _json(audit.opened(entry).before)
+
+    @admin.display(description="after")
+    def opened_after(self, entry: AuditEntry) -> str:
+        return _json(audit.opened(entry).after)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -31,3 +47,7 @@ class AuditEntryAdmin(AuditEntryAdminBase):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+def _json(values: dict[str, Any]) -> str:
+    return json.dumps(values, ensure_ascii=False, sort_keys=True, default=str)

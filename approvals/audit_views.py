@@ -15,6 +15,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
+from approvals import audit
 from approvals.models import AuditEntry
 from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 from quicksave.roles import ADMIN, role_of
@@ -99,7 +100,7 @@ def audit_list(request: HttpRequest) -> HttpResponse:
         "nav": "audit",
         "form": form,
         "actions": actions,
-        "entries": [(entry, _target_url(entry), _summary(entry.before, entry.after)) for entry in shown],
+        "entries": [(entry, _target_url(entry), _summary(*audit.opened(entry))) for entry in shown],
         "older_query": older_query,
         "newest_query": newest_query,
         "paged": data["older"] is not None,

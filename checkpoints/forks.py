@@ -238,7 +238,7 @@ def _fork(
                     "carry_approval": str(carry.pk) if carry else None,
                     "cancelled_approvals": cancelled_approvals, "cancelled_runs": cancelled_runs,
                 },
-                address=address,
+                address=address, sealed=("patch",),
             )  # fmt: skip
     except BaseException:
         # The store cached the new branch's id during the write; after a rollback that row is gone.

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 
 from agents.models import Run, RunReason
+from approvals import audit
 from approvals.models import AuditEntry
 from approvals.services import request_approval
 from checkpoints import store
@@ -105,7 +106,7 @@ def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_
     assert store.state_at(created)["settings"] == {"batch_size": 500}
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.fork")
-    assert entry.actor_name == "ada" and entry.address == "127.0.0.1" and entry.after["patch"] == patch
+    assert entry.actor_name == "ada" and entry.address == "127.0.0.1" and audit.opened(entry).after["patch"] == patch
 
     new_page = admin.get(confirmed["Location"]).content.decode()
     assert "fork: 5000 locks the table" in new_page and "fork-1" in new_page

@@ -113,7 +113,8 @@ def test_an_admin_forks_with_an_edited_state_and_the_head_moves_to_the_new_branc
     assert entry.actor_name == "ada" and entry.reason == "5000 rows lock the table"
     assert entry.target_id == str(steps[1].pk)
     assert entry.before["branch"] == "main" and entry.before["head"] == str(steps[-1].pk)
-    assert entry.after["patch"] == patch and entry.after["branch"] == "fork-1" and entry.after["head"] == body["id"]
+    assert audit.opened(entry).after["patch"] == patch  # stored sealed under the thread's key
+    assert entry.after["branch"] == "fork-1" and entry.after["head"] == body["id"]
 
 
 @pytest.mark.parametrize("role", ["reviewer", "viewer"])
@@ -369,7 +370,7 @@ def test_rerun_is_an_unedited_fork_that_resumes(ada: User, thread: Thread, steps
     assert created.source == CheckpointSource.HUMAN and created.label == "re-run: flaky tool"
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.rerun")
-    assert entry.after["patch"] == [] and entry.after["resume"] is True
+    assert audit.opened(entry).after["patch"] == [] and entry.after["resume"] is True
 
 
 def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
+from csp.constants import NONE, SELF
+
 from quicksave.env import ConfigError, check_strong_secret, envbool, envint, envlist, envsecret, envstr
 from quicksave.keyring import new_master_key_entry, parse_keyring
 
@@ -47,6 +49,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "quicksave.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -202,6 +205,8 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Versioned checkpoints, approvals and resumable runs for AI agents.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # The schema and docs are for signed-in people and agent keys (DRF's authentication classes).
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
@@ -260,6 +265,22 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+}
+
+# Every response forbids inline scripts and styles and anything from another origin: templates
+# keep their styles in static/css and their scripts in static/js (see ContentSecurityPolicyMiddleware).
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],  # and ws:// and wss:// of the request's host
+        "frame-ancestors": [NONE],
+        "base-uri": [NONE],
+        "form-action": [SELF],
+        "object-src": [NONE],
+    }
 }
 
 # Security headers and cookies. The HTTPS-only ones are off by default so the embedded default

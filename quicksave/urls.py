@@ -1,11 +1,12 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse, HttpResponsePermanentRedirect, JsonResponse
 from django.shortcuts import render
 from django.templatetags.static import static
 from django.urls import Resolver404, include, path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from quicksave.health import healthz
 from quicksave.signin import ThrottledLoginView
@@ -23,8 +24,11 @@ urlpatterns = [
     path("api/v1/", include("checkpoints.urls")),
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("agents.urls")),
+    # For people and agents who are signed in (SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"]); the docs
+    # send a signed-out browser to the sign-in page. The split view serves its script from a URL,
+    # not inline, as the Content-Security-Policy requires.
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/docs/", login_required(SpectacularSwaggerSplitView.as_view(url_name="api-schema")), name="api-docs"),
     path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     # One sign-in page, the throttled one: the Django admin's own would bypass the throttle.

@@ -45,8 +45,10 @@ def world(transactional_db: Any) -> dict[str, str]:
 
 
 @pytest.fixture
-def api_schema(server_url: str) -> Any:
-    return schemathesis.openapi.from_url(f"{server_url}/api/schema/?format=json")
+def api_schema(server_url: str, world: dict[str, str]) -> Any:
+    # The schema is served to signed-in people and agent keys only.
+    headers = {"Authorization": f"Bearer {world['key']}"}
+    return schemathesis.openapi.from_url(f"{server_url}/api/schema/?format=json", headers=headers)
 
 
 schema = schemathesis.pytest.from_fixture("api_schema")

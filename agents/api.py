@@ -15,11 +15,17 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import runs
+from agents import runs, tool_calls
 from agents.auth import AgentPrincipal
-from agents.models import Agent, Run, RunStatus
-from approvals.serializers import ApprovalSchemaSerializer, approval_data
-from quicksave.api import FiniteFloatField, StrictSerializer
+from agents.fencing import Fence
+from agents.models import Agent, Run, RunStatus, ToolCall, ToolCallState
+from approvals.serializers import ApprovalSchemaSerializer, ToolCallSchemaSerializer, approval_data
+from approvals.services import file_in_doubt
+from checkpoints.access import check_can_write, get_thread_for
+from checkpoints.models import Checkpoint, Thread
+from checkpoints.tools import MAX_KEY_LENGTH
+from quicksave.api import FenceField, FiniteFloatField, StrictSerializer
+from quicksave.errors import DomainError
 
 MAX_WAIT_SECONDS = 30
 
@@ -33,6 +39,7 @@ def run_data(run: Run) -> dict[str, Any]:
         "status": run.status,
         "attempts": run.attempts,
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
+        "fence": Fence(run.pk, run.attempts).token if run.attempts else None,
         "approval": approval_data(run.approval) if run.approval_id and run.approval else None,
     }
 
@@ -68,6 +75,9 @@ class RunSchemaSerializer(serializers.Serializer[Any]):
     status = serializers.CharField()
     attempts = serializers.IntegerField()
     lease_expires_at = serializers.DateTimeField(allow_null=True)
+    fence = serializers.CharField(
+        allow_null=True, help_text="This claim's fence token: send it with every write the run makes."
+    )
     approval = ApprovalSchemaSerializer(allow_null=True)
 
 
@@ -79,8 +89,19 @@ class ClaimSerializer(StrictSerializer):
     wait = FiniteFloatField(required=False, default=0, min_value=0, max_value=MAX_WAIT_SECONDS)
 
 
-class FailSerializer(StrictSerializer):
+class FencedSerializer(StrictSerializer):
+    fence = FenceField()
+
+
+class FailSerializer(FencedSerializer):
     error = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
+
+
+def _fence(request: Request) -> Fence | None:
+    serializer = FencedSerializer(data=request.data if request.data else {})
+    serializer.is_valid(raise_exception=True)
+    fence: Fence | None = serializer.validated_data["fence"]
+    return fence
 
 
 class ClaimView(APIView):
@@ -110,18 +131,19 @@ class ClaimView(APIView):
 
 
 class HeartbeatView(APIView):
-    @extend_schema(request=None, responses=RUN_ENVELOPE)
+    @extend_schema(request=FencedSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _agent_principal(request)
-        run = runs.heartbeat(run=_own_run(principal, run_id), worker=_worker(principal))
+        run = runs.heartbeat(run=_own_run(principal, run_id), worker=_worker(principal), fence=_fence(request))
         return Response({"run": run_data(run)})
 
 
 class CompleteView(APIView):
-    @extend_schema(request=None, responses=RUN_ENVELOPE)
+    @extend_schema(request=FencedSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
         principal = _agent_principal(request)
-        run = runs.finish_run(run=_own_run(principal, run_id), worker=_worker(principal), status=RunStatus.COMPLETED)
+        run = runs.finish_run(run=_own_run(principal, run_id), worker=_worker(principal), status=RunStatus.COMPLETED,
+                              fence=_fence(request))  # fmt: skip
         return Response({"run": run_data(run)})
 
 
@@ -133,6 +155,117 @@ class FailView(APIView):
         serializer.is_valid(raise_exception=True)
         run = runs.finish_run(
             run=_own_run(principal, run_id), worker=_worker(principal), status=RunStatus.FAILED,
-            error=serializer.validated_data["error"],
+            error=serializer.validated_data["error"], fence=serializer.validated_data["fence"],
         )  # fmt: skip
         return Response({"run": run_data(run)})
+
+
+# --------------------------------------------------------------------------- tool calls
+
+
+class CallInDoubt(DomainError):
+    """The call was started by an attempt that recorded no result: a person decides whether it happened."""
+
+    code = "in_doubt"
+    status = 409
+
+
+def tool_call_data(call: ToolCall) -> dict[str, Any]:
+    """A call as the API returns it: `result` once it is done."""
+    return {
+        "key": call.key,
+        "tool": call.tool,
+        "state": call.state,
+        "idempotent": call.idempotent,
+        "run": str(call.run_id) if call.run_id else None,
+        "attempt": call.attempt,
+        "starts": call.starts,
+        "started_at": call.started_at.isoformat(),
+        "finished_at": call.finished_at.isoformat() if call.finished_at else None,
+        "result": call.result if call.state == ToolCallState.DONE else None,
+    }
+
+
+class ToolCallDataSerializer(ToolCallSchemaSerializer):
+    """The schema of `tool_call_data`."""
+
+    finished_at = serializers.DateTimeField(allow_null=True)
+    result = serializers.JSONField(allow_null=True)
+
+
+class ToolCallBegunSerializer(ToolCallDataSerializer):
+    proceed = serializers.BooleanField(help_text="true: call the tool now, then PUT its result; false: use `result`.")
+
+
+class ToolCallIntentSerializer(StrictSerializer):
+    tool = serializers.CharField(max_length=200)
+    args = serializers.JSONField(required=False, default=None)
+    idempotent = serializers.BooleanField(required=False, default=False)
+    fence = FenceField()
+
+
+class ToolCallResultSerializer(StrictSerializer):
+    result = serializers.JSONField()
+    fence = FenceField()
+
+
+def _key(key: str) -> str:
+    if not 0 < len(key) <= MAX_KEY_LENGTH or "\x00" in key:
+        raise serializers.ValidationError({"key": f"must be 1 to {MAX_KEY_LENGTH} characters, none of them NUL."})
+    return key
+
+
+def _thread(request: Request, thread_id: uuid.UUID, *, write: bool) -> Thread:
+    thread = get_thread_for(request.user, thread_id)
+    if write:
+        check_can_write(request.user, thread)
+    return thread
+
+
+class ToolCallView(APIView):
+    """A call's intent: PUT it before calling the tool, and call the tool only when told to proceed."""
+
+    @extend_schema(responses=ToolCallDataSerializer)
+    def get(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        thread = _thread(request, thread_id, write=False)
+        call = ToolCall.objects.filter(thread=thread, key=_key(key)).first()
+        if call is None:
+            raise Http404(f"No call is recorded under '{key}' in thread {thread.pk}.")
+        return Response(tool_call_data(call))
+
+    @extend_schema(request=ToolCallIntentSerializer, responses={200: ToolCallBegunSerializer,
+                                                                201: ToolCallBegunSerializer})  # fmt: skip
+    def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        thread = _thread(request, thread_id, write=True)
+        serializer = ToolCallIntentSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        begun = tool_calls.begin(thread_id=thread.pk, key=_key(key), tool=data["tool"], args=data["args"],
+                                 idempotent=data["idempotent"], fence=data["fence"])  # fmt: skip
+        if begun.outcome is tool_calls.Outcome.IN_DOUBT:
+            raise self._in_doubt(thread, begun.call, data["fence"])
+        proceed = begun.outcome is tool_calls.Outcome.RUN
+        body = {**tool_call_data(begun.call), "proceed": proceed}
+        created = proceed and begun.call.starts == 1
+        return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
+
+    @staticmethod
+    def _in_doubt(thread: Thread, call: ToolCall, fence: Fence | None) -> CallInDoubt:
+        head = Checkpoint.objects.defer("payload").filter(pk=thread.head_id).first() if thread.head_id else None
+        approval = file_in_doubt(call=call, checkpoint=head, fence=fence) if head is not None else None
+        return CallInDoubt(
+            f"{call.tool} was started by an attempt that recorded no result; it is not run again until a person "
+            "says whether it happened. Stop this run: the answer queues the next one.",
+            detail={"tool_call": tool_call_data(call), "approval": str(approval.pk) if approval else None},
+        )
+
+
+class ToolCallResultView(APIView):
+    @extend_schema(request=ToolCallResultSerializer, responses=ToolCallDataSerializer)
+    def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        thread = _thread(request, thread_id, write=True)
+        serializer = ToolCallResultSerializer(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        tool_calls.finish(thread_id=thread.pk, key=_key(key), result=data["result"], fence=data["fence"])
+        return Response(tool_call_data(ToolCall.objects.get(thread=thread, key=key)))

@@ -292,7 +292,8 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
     if run.approval_id and start.pk == run.checkpoint_id:
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
         if approval.kind == ApprovalKind.APPROVAL:
-            if approval.checkpoint_id != start.pk:
+            # A fork may carry a decision to its new branch: an admin bound it there on purpose.
+            if run.reason == RunReason.APPROVAL and approval.checkpoint_id != start.pk:
                 return _refuse(ctx, run, f"Run {run.pk} resumes checkpoint {start.pk}, but its decision was made "
                                          f"at checkpoint {approval.checkpoint_id}; not acting on it.")  # fmt: skip
             ctx.decision = decision_for(approval)

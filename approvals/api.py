@@ -16,7 +16,7 @@ from rest_framework.views import APIView
 
 from approvals import services
 from approvals.audit import client_address
-from approvals.models import ApprovalRequest
+from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.serializers import (
     ApprovalCreateSerializer,
     ApprovalListQuerySerializer,
@@ -31,7 +31,7 @@ from quicksave.api import CursorPage
 
 def visible_approvals(principal: Any) -> Any:
     return ApprovalRequest.objects.filter(thread__in=visible_threads(principal)).select_related(
-        "thread__agent", "decided_by"
+        "thread__agent", "decided_by", "tool_call"
     )
 
 
@@ -59,7 +59,7 @@ class ThreadApprovalsView(APIView):
             raise ValidationError({"checkpoint": "No such checkpoint in this thread."})
         approval = services.request_approval(
             thread=thread, checkpoint=checkpoint, action=data["action"], args=data["args"],
-            message=data["message"], risk=data["risk"], expires_at=data["expires_at"],
+            message=data["message"], risk=data["risk"], expires_at=data["expires_at"], fence=data["fence"],
         )  # fmt: skip
         return Response(approval_data(get_approval_for(request.user, approval.pk)), status=status.HTTP_201_CREATED)
 
@@ -102,8 +102,18 @@ class DecideView(APIView):
         serializer = DecisionSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
-        decided = services.decide(
-            approval=approval, user=user, decision=data["decision"], comment=data["comment"],
-            args=data["args"], address=client_address(request),
-        )  # fmt: skip
+        if approval.kind == ApprovalKind.IN_DOUBT:
+            if data["args"] is not None:
+                raise ValidationError({"args": "An in-doubt call takes a `result`, not `args`."})
+            decided = services.resolve_in_doubt(
+                approval=approval, user=user, resolution=data["decision"], comment=data["comment"],
+                address=client_address(request), **({"result": data["result"]} if "result" in data else {}),
+            )  # fmt: skip
+        else:
+            if "result" in data:
+                raise ValidationError({"result": "Only an in-doubt call takes a `result`."})
+            decided = services.decide(
+                approval=approval, user=user, decision=data["decision"], comment=data["comment"],
+                args=data["args"], address=client_address(request),
+            )  # fmt: skip
         return Response(approval_data(get_approval_for(request.user, decided.pk)))

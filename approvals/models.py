@@ -5,7 +5,9 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.utils import timezone
+from django.utils.functional import cached_property
 
+from checkpoints.errors import IntegrityFailure
 from checkpoints.fields import SealedJSONField
 from checkpoints.ids import new_id
 
@@ -88,6 +90,18 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} ({self.status})"
+
+    @cached_property
+    def unreadable(self) -> str:
+        """Why this request's sealed arguments do not open ("" when they do): the row was altered, or
+        its thread's data key no longer unwraps. Pages and the API show such a request as unreadable
+        instead of failing for everyone."""
+        try:
+            self.args  # noqa: B018  (opening is the point)
+            self.decided_args  # noqa: B018
+        except IntegrityFailure as exc:
+            return exc.message
+        return ""
 
 
 class AuditEntry(models.Model):

@@ -138,6 +138,7 @@ def decide(
             raise InvalidApproval(f"An in-doubt call is answered {', '.join(Resolution.values)}, not {decision}.",
                                   detail={"field": "decision"})  # fmt: skip
         _check_pending(locked)
+        _check_readable(locked)
         now = timezone.now()
         if locked.expires_at is not None and locked.expires_at <= now:
             _expire(locked, now)
@@ -233,13 +234,14 @@ def resolve_in_doubt(
             raise InvalidApproval("This is an approval, not an in-doubt call: approve or reject it.",
                                   detail={"field": "decision"})  # fmt: skip
         _check_pending(locked)
+        _check_readable(locked)
         call = ToolCall.objects.select_for_update().get(pk=locked.tool_call_id)
         if resolution != FAIL:
             tool_calls.resolve(call=call, happened=resolution == HAPPENED, result=None if result is _UNSET else result)
         now = timezone.now()
         locked.status = ApprovalStatus.RESOLVED
         locked.resolution = resolution
-        locked.decided_args = {"result": result} if resolution == HAPPENED else None
+        locked.decided_args = result if resolution == HAPPENED else None
         locked.comment = comment
         locked.decided_by = user
         locked.decided_at = now
@@ -309,6 +311,15 @@ def _check_pending(approval: ApprovalRequest) -> None:
         f"{who} already decided this approval ({approval.status}) at {approval.decided_at:%Y-%m-%d %H:%M:%S %Z}.",
         detail={"status": approval.status, "decided_by": who, "decided_at": when},
     )
+
+
+def _check_readable(approval: ApprovalRequest) -> None:
+    if approval.unreadable:
+        raise InvalidApproval(
+            f"This request's arguments do not open ({approval.unreadable}); it cannot be decided. "
+            "An admin can cancel the thread.",
+            detail={"field": "args", "unreadable": approval.unreadable},
+        )
 
 
 def _expire(approval: ApprovalRequest, now: datetime) -> None:

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from approvals import services
 from approvals.audit import client_address
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from checkpoints import diffview, store
 from checkpoints.access import visible_threads
 from checkpoints.errors import IntegrityFailure
@@ -39,7 +39,7 @@ class InboxFilterForm(forms.Form):
 
 def _approvals(user: Any) -> Any:
     return ApprovalRequest.objects.filter(thread__in=visible_threads(user)).select_related(
-        "thread__agent", "checkpoint", "decided_by"
+        "thread__agent", "checkpoint", "decided_by", "tool_call"
     )
 
 
@@ -95,52 +95,79 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
     approval = _approvals(request.user).filter(pk=approval_id).first()
     if approval is None:
         raise Http404(f"Approval {approval_id} does not exist.")
+    in_doubt = approval.kind == ApprovalKind.IN_DOUBT
     errors: dict[str, Any] = {}
-    edited_text = json.dumps(approval.args, indent=2, ensure_ascii=False)
+    args_json = "" if approval.unreadable else _pretty(approval.args)
+    edited_text = request.POST.get("result" if in_doubt else "args", "") if request.method == "POST" else args_json
     if request.method == "POST":
         user = request.user
         if not isinstance(user, User) or not user.has_perm("checkpoints.decide_approval"):
             raise PermissionDenied("Deciding approvals needs the reviewer or admin role.")
-        decision = request.POST.get("decision", "")
-        args: Any = None
-        if decision == "edit":
-            edited_text = request.POST.get("args", "")
-            try:
-                args = loads_strict(edited_text)
-            except ValueError as exc:
-                errors["args"] = [{"path": "", "message": f"This is not valid JSON: {exc}"}]
+        try:
+            if in_doubt:
+                _answer_in_doubt(request, approval, user, errors)
             else:
-                if args is None:  # decide() reads None as "not edited": it would approve the original
-                    errors["args"] = [{"path": "", "message": "Edited arguments cannot be null; to approve the "
-                                       "arguments as they are, choose Approve."}]  # fmt: skip
-            decision = "approve"
-        if not errors:
-            try:
-                services.decide(
-                    approval=approval, user=user, decision=decision, comment=request.POST.get("comment", ""),
-                    args=args, address=client_address(request),
-                )  # fmt: skip
+                _decide(request, approval, user, errors)
+            if not errors:
                 return redirect("inbox:approval", approval_id=approval.pk)
-            except services.InvalidApproval as exc:
-                field = exc.detail.get("field", "decision")
-                errors[field] = exc.detail.get("errors") or [{"path": "", "message": exc.message}]
-            except (services.AlreadyDecided, services.ApprovalExpired) as exc:
-                errors["decision"] = [{"path": "", "message": exc.message}]
-            except DomainError as exc:
-                errors["decision"] = [{"path": "", "message": exc.message}]
-            approval.refresh_from_db()
+        except services.InvalidApproval as exc:
+            field = exc.detail.get("field", "decision")
+            errors[field] = exc.detail.get("errors") or [{"path": "", "message": exc.message}]
+        except DomainError as exc:  # already decided, expired, the thread cancelled...
+            errors["decision"] = [{"path": "", "message": exc.message}]
+        approval.refresh_from_db()
     context = {
         "nav": "inbox",
         "approval": approval,
         "thread": approval.thread,
+        "in_doubt": in_doubt,
+        "call": approval.tool_call if in_doubt else None,
         "errors": errors,
         "edited_text": edited_text,
-        "args_json": json.dumps(approval.args, indent=2, ensure_ascii=False),
-        "decided_args_json": json.dumps(approval.decided_args, indent=2, ensure_ascii=False),
+        "args_json": args_json,
+        "decided_args_json": "" if approval.unreadable else _pretty(approval.decided_args),
         "comment": request.POST.get("comment", "") if request.method == "POST" else "",
         **_state_and_diff(approval),
     }
     return render(request, "approvals/approval_detail.html", context, status=400 if errors else 200)
+
+
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False)
+
+
+def _json_field(request: HttpRequest, name: str, errors: dict[str, Any]) -> Any:
+    """The JSON in a form field, or None with the error recorded under its name."""
+    try:
+        return loads_strict(request.POST.get(name, ""))
+    except ValueError as exc:
+        errors[name] = [{"path": "", "message": f"This is not valid JSON: {exc}"}]
+        return None
+
+
+def _decide(request: HttpRequest, approval: ApprovalRequest, user: User, errors: dict[str, Any]) -> None:
+    decision = request.POST.get("decision", "")
+    args: Any = None
+    if decision == "edit":
+        args = _json_field(request, "args", errors)
+        if args is None and not errors:  # decide() reads None as "not edited": it would approve the original
+            errors["args"] = [{"path": "", "message": "Edited arguments cannot be null; to approve the "
+                               "arguments as they are, choose Approve."}]  # fmt: skip
+        decision = "approve"
+    if not errors:
+        services.decide(approval=approval, user=user, decision=decision, comment=request.POST.get("comment", ""),
+                        args=args, address=client_address(request))  # fmt: skip
+
+
+def _answer_in_doubt(request: HttpRequest, approval: ApprovalRequest, user: User, errors: dict[str, Any]) -> None:
+    resolution = request.POST.get("decision", "")
+    extra: dict[str, Any] = {}
+    if resolution == services.HAPPENED:
+        extra["result"] = _json_field(request, "result", errors)
+    if not errors:
+        services.resolve_in_doubt(approval=approval, user=user, resolution=resolution,
+                                  comment=request.POST.get("comment", ""), address=client_address(request),
+                                  **extra)  # fmt: skip
 
 
 def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:

@@ -215,6 +215,7 @@ class CheckpointListView(APIView):
             metadata=data.get("metadata"),
             schema_version=data.get("schema_version", 1),
             tool_results=data.get("tool_results") or None,
+            fence=data["fence"],
         )
         summary = checkpoint_summary(checkpoint, data.get("branch") or store.get_branch_name(checkpoint.branch_id))
         return Response(summary, status=status.HTTP_201_CREATED)

@@ -8,7 +8,7 @@ from typing import Any
 from rest_framework import serializers
 
 from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus, ToolResult
-from quicksave.api import StrictSerializer
+from quicksave.api import FenceField, StrictSerializer, parse_fence
 
 
 class ModelParamsSerializer(serializers.Serializer[Any]):
@@ -151,6 +151,7 @@ _CHECKPOINT_FIELDS: dict[str, tuple[type, ...]] = {
     "metadata": (dict, type(None)),
     "schema_version": (int,),
     "tool_results": (list, type(None)),
+    "fence": (str, type(None)),
 }
 _JSON_TYPE_NAMES = {str: "a string", dict: "an object", list: "an array", int: "an integer", type(None): "null"}
 
@@ -185,6 +186,7 @@ def parse_checkpoint_body(data: Any) -> dict[str, Any]:
             data["parent"] = uuid.UUID(data["parent"])
         except ValueError:
             raise serializers.ValidationError({"parent": "must be a checkpoint id (a UUID) or null."}) from None
+    data["fence"] = parse_fence(data.get("fence"))
     return data
 
 
@@ -205,6 +207,7 @@ class CheckpointCreateSerializer(serializers.Serializer[Any]):
     tool_results = serializers.ListField(
         child=serializers.DictField(), required=False, help_text="[{key, tool?, result}], stored with the checkpoint"
     )
+    fence = FenceField()
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("state" in attrs) == ("patch" in attrs):

@@ -21,6 +21,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from agents.fencing import Fence
 from quicksave.errors import PAYLOAD_TOO_LARGE, DomainError, payload_too_large
 from quicksave.jsontext import UnstorableText, loads_strict
 
@@ -75,6 +76,40 @@ class FiniteFloatField(serializers.FloatField):
         if not math.isfinite(value):
             self.fail("not_finite")
         return value
+
+
+FENCE_HELP = (
+    "The fence token of the run attempt making this write (`run.fence` from a claim): refused with 409 "
+    "lease_lost once another attempt holds the run. Without it the write is not fenced."
+)
+
+
+def parse_fence(value: Any, *, field: str = "fence") -> Fence | None:
+    """A fence token from a request body (or None), as a 400 naming `field` when it is malformed."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise serializers.ValidationError({field: "must be a string, `<run id>:<attempt>`."})
+    try:
+        return Fence.parse(value)
+    except ValueError:
+        message = "is not a fence token; it looks like `<run id>:<attempt>`."
+        raise serializers.ValidationError({field: message}) from None
+
+
+class FenceField(serializers.CharField):
+    """A run attempt's fence token, read as an agents.fencing.Fence."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("required", False)
+        kwargs.setdefault("allow_null", True)
+        kwargs.setdefault("default", None)
+        kwargs.setdefault("max_length", 60)
+        kwargs.setdefault("help_text", FENCE_HELP)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> Any:
+        return parse_fence(super().to_internal_value(data), field=self.field_name or "fence")
 
 
 class StrictSerializer(serializers.Serializer[Any]):

@@ -15,6 +15,8 @@ from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.http import Http404
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import exceptions, serializers, status
 from rest_framework.pagination import Cursor, CursorPagination
 from rest_framework.parsers import BaseParser
@@ -97,19 +99,27 @@ def parse_fence(value: Any, *, field: str = "fence") -> Fence | None:
         raise serializers.ValidationError({field: message}) from None
 
 
-class FenceField(serializers.CharField):
+@extend_schema_field(OpenApiTypes.STR)
+class FenceField(serializers.Field):  # type: ignore[type-arg]
     """A run attempt's fence token, read as an agents.fencing.Fence."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("required", False)
         kwargs.setdefault("allow_null", True)
         kwargs.setdefault("default", None)
-        kwargs.setdefault("max_length", 60)
         kwargs.setdefault("help_text", FENCE_HELP)
         super().__init__(**kwargs)
 
-    def to_internal_value(self, data: Any) -> Any:
-        return parse_fence(super().to_internal_value(data), field=self.field_name or "fence")
+    def to_internal_value(self, data: Any) -> Fence | None:
+        if isinstance(data, str) and len(data) > 80:
+            raise serializers.ValidationError("is not a fence token; it looks like `<run id>:<attempt>`.")
+        try:
+            return parse_fence(data, field=self.field_name or "fence")
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError(next(iter(exc.detail.values()))) from None  # type: ignore[union-attr]
+
+    def to_representation(self, value: Any) -> str | None:
+        return value.token if isinstance(value, Fence) else value
 
 
 class StrictSerializer(serializers.Serializer[Any]):

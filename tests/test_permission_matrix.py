@@ -16,7 +16,7 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents import runs
+from agents import runs, tool_calls
 from agents.keys import create_agent_key, get_or_create_agent
 from approvals.services import request_approval
 from checkpoints import store
@@ -32,7 +32,8 @@ APPROVAL = {"checkpoint": "{head}", "action": "pay"}
 
 # (method, path, body): statuses for owner key, foreign key, viewer, reviewer, admin, anonymous.
 # The thread belongs to the owner key's agent; it has checkpoints {first} -> {head}, a pending
-# approval on {head}, a cached tool result "{tool}" and a run leased to the owner key.
+# approval on {head}, a cached tool result "{tool}", a call started without a result "{call}" and a
+# run leased to the owner key.
 API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/", None, (200, 200, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/", {"agent": "travel", "external_id": "new"}, (201, 403, 403, 403, 201, 401)),
@@ -45,6 +46,9 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("POST", "/api/v1/checkpoints/{first}/fork/", {"reason": "try again"}, (403, 404, 403, 403, 201, 401)),
     ("GET", "/api/v1/threads/{thread}/tool-results/{tool}/", None, (200, 404, 200, 200, 200, 401)),
     ("PUT", "/api/v1/threads/{thread}/tool-results/new/", {"result": {"ok": True}}, (201, 404, 403, 403, 201, 401)),
+    ("GET", "/api/v1/threads/{thread}/tool-calls/{call}/", None, (200, 404, 200, 200, 200, 401)),
+    ("PUT", "/api/v1/threads/{thread}/tool-calls/new/", {"tool": "send"}, (201, 404, 403, 403, 201, 401)),
+    ("PUT", "/api/v1/threads/{thread}/tool-calls/{call}/result/", {"result": 1}, (200, 404, 403, 403, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/cancel/", {"reason": "stop"}, (403, 404, 403, 403, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/resume/", {"reason": "go"}, (403, 404, 403, 403, 409, 401)),
     # The world's run is leased to a worker, so even an admin's delete is refused (409) until it ends.
@@ -128,13 +132,19 @@ def build_world() -> World:
     first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1}, label="first")
     head = store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
     put_tool_result(thread=thread, key="search-1", result={"hits": 3}, checkpoint=head)
+    tool_calls.begin(thread_id=thread.pk, key="call-1", tool="send", args={"to": "a@b.c"})
     approval = request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})
     runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
     run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
     assert run is not None
     ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk}
     return World(
-        ids={**{name: str(value) for name, value in ids.items()}, "tool": "search-1", "digest": "0" * 64},
+        ids={
+            **{name: str(value) for name, value in ids.items()},
+            "tool": "search-1",
+            "call": "call-1",
+            "digest": "0" * 64,
+        },  # fmt: skip
         keys={OWNER: owner_secret, FOREIGN: foreign_secret},
     )
 

@@ -5,19 +5,25 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from django.db.models import F
+from django.utils import timezone
 from quicksave_sdk import (
     AuthenticationFailed,
+    CallInDoubt,
     Client,
     Conflict,
     InvalidInput,
+    LeaseLost,
     NotFound,
     PermissionDenied,
     StaleParent,
+    call_key,
     make_patch,
     tool_key,
 )
@@ -142,39 +148,120 @@ def test_writing_after_a_stale_head_raises_stale_parent_with_the_head(client: Cl
 
 
 @live
-def test_a_tool_runs_once_per_thread_and_every_caller_gets_the_first_result(client: Client) -> None:
+def test_a_call_runs_once_and_a_replay_from_the_same_checkpoint_gets_its_result(client: Client) -> None:
     calls: list[str] = []
 
-    def search_flights(city: str, day: str) -> dict[str, Any]:
-        calls.append(city)
+    def search_flights(city: str, day: str, idempotency_key: str) -> dict[str, Any]:
+        calls.append(idempotency_key)
         return {"flights": [f"TP{len(calls)}"], "city": city}
 
     args = {"city": "Lisbon", "day": "2025-06-01"}
     mine = client.thread(external_id="trip-10")
     mine.checkpoint({"step": 1})
-    theirs = client.thread(external_id="trip-10")
+    replay = client.thread(external_id="trip-10")  # another process, replaying the step from the same head
 
     first = mine.tool("search_flights", args, search_flights)
-    again = theirs.tool("search_flights", args, search_flights)
+    again = replay.tool("search_flights", args, search_flights)
 
-    assert calls == ["Lisbon"] and first == again == {"flights": ["TP1"], "city": "Lisbon"}
-    cached = theirs.cached_tool_result(tool_key("search_flights", args))
-    assert cached is not None and cached.checkpoint_id == mine.head and cached.tool == "search_flights"
-    assert theirs.cached_tool_result(tool_key("search_flights", {"city": "Porto"})) is None
-    assert mine.tool("echo", "not a dict", lambda text: text.upper()) == "NOT A DICT"
+    key = call_key(mine.id, mine.head, 0)
+    assert calls == [key] and first == again == {"flights": ["TP1"], "city": "Lisbon"}
+    logged = replay.tool_call(key)
+    assert logged is not None and (logged.state, logged.tool, logged.starts) == ("done", "search_flights", 1)
+    assert mine.tool("echo", "not a dict", lambda text: text.upper()) == "NOT A DICT"  # the next position
+    mine.checkpoint({"step": 2})
+    assert mine.tool("echo", "not a dict", lambda text: text.lower()) == "not a dict"  # a new step, a new key
 
 
 @live
-def test_a_call_that_loses_the_race_returns_the_result_stored_first(client: Client) -> None:
-    mine = client.thread(external_id="trip-11")
-    theirs = client.thread(external_id="trip-11")
+def test_a_call_started_elsewhere_without_a_result_goes_to_a_person_and_is_not_repeated(client: Client) -> None:
+    dead = client.thread(external_id="trip-11")
+    dead.checkpoint({"step": 1})
+    key = call_key(dead.id, dead.head, 0)
+    # An attempt logged its intent and died before recording a result.
+    client.request("PUT", f"/threads/{dead.id}/tool-calls/{key}/", {"tool": "send_email", "args": {"to": "a@b.c"}})
+    replay = client.thread(external_id="trip-11")
+    sent: list[str] = []
 
-    def slow_quote(route: str) -> str:
-        # While this call runs, another process makes the same call and stores its answer first.
-        assert theirs.tool("quote", {"route": route}, lambda route: "EUR 120") == "EUR 120"
-        return "EUR 135"
+    with pytest.raises(CallInDoubt) as raised:
+        replay.tool("send_email", {"to": "a@b.c"}, lambda to: sent.append(to))
+    assert sent == [] and raised.value.status == 409 and raised.value.approval is not None
+    item = ApprovalRequest.objects.get(pk=raised.value.approval)
+    assert (item.kind, item.action, item.args, item.status) == ("in_doubt", "send_email", {"to": "a@b.c"}, "pending")
+    assert Thread.objects.get(pk=dead.id).status == "waiting_for_approval"
 
-    assert mine.tool("quote", {"route": "LIS-OPO"}, slow_quote) == "EUR 120"
+    person = User.objects.create_user("rita")
+    grant_role(user=person, role="reviewer")
+    services.resolve_in_doubt(approval=item, user=person, resolution="happened", result={"id": "msg-1"})
+    assert client.thread(external_id="trip-11").tool("send_email", {"to": "a@b.c"}, sent.append) == {"id": "msg-1"}
+    assert sent == []
+
+
+@live
+def test_an_idempotent_call_without_a_result_runs_again_under_the_same_key(client: Client) -> None:
+    dead = client.thread(external_id="trip-13")
+    dead.checkpoint({"step": 1})
+    key = call_key(dead.id, dead.head, 0)
+    client.request("PUT", f"/threads/{dead.id}/tool-calls/{key}/",
+                   {"tool": "charge", "args": {"cents": 500}, "idempotent": True})  # fmt: skip
+    keys: list[str] = []
+
+    def charge(cents: int, idempotency_key: str) -> str:
+        keys.append(idempotency_key)
+        return "ch_1"
+
+    assert client.thread(external_id="trip-13").tool("charge", {"cents": 500}, charge, idempotent=True) == "ch_1"
+    logged = dead.tool_call(key)
+    assert keys == [key] and logged is not None and (logged.state, logged.starts) == ("done", 2)
+
+
+@live
+def test_a_replay_that_calls_something_else_in_the_same_place_is_refused(client: Client) -> None:
+    first = client.thread(external_id="trip-14")
+    first.checkpoint({"step": 1})
+    first.tool("quote", {"route": "LIS-OPO"}, lambda route: "EUR 120")
+    with pytest.raises(Conflict) as raised:
+        client.thread(external_id="trip-14").tool("quote", {"route": "LIS-FAO"}, lambda route: "EUR 90")
+    assert raised.value.code == "tool_call_mismatch"
+
+
+@live
+def test_an_attempt_that_lost_its_run_is_refused_and_the_sdk_loop_goes_on(
+    client: Client, server_url: str, api_key: str
+) -> None:
+    thread = client.thread(external_id="trip-15")
+    head = thread.checkpoint({"step": 1})
+    row = Thread.objects.get(pk=thread.id)
+    enqueue_run(thread=row, checkpoint=Checkpoint.objects.get(pk=head.id), reason=RunReason.MANUAL)
+    frozen = client.claim()
+    assert frozen is not None and frozen.fence == f"{frozen.id}:1"
+    Run.objects.filter(pk=frozen.id).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    with Client(server_url, api_key, timeout=15) as other:
+        taken = other.claim()
+    assert taken is not None and taken.id == frozen.id and taken.fence == f"{frozen.id}:2"
+
+    stale = frozen.thread()
+    for write in (
+        lambda: stale.checkpoint({"step": 2}),
+        lambda: stale.tool("send_email", {"to": "a@b.c"}, lambda to: pytest.fail("the effect ran")),
+        lambda: stale.request_approval("pay", {"cents": 1}),
+        frozen.heartbeat,
+        frozen.complete,
+    ):
+        with pytest.raises(LeaseLost):
+            write()
+    assert Checkpoint.objects.filter(thread_id=thread.id).count() == 1
+
+    # The loop: a handler whose run was taken over ends that run and goes on to the next.
+    enqueue_run(thread=row, checkpoint=Checkpoint.objects.get(pk=head.id), reason=RunReason.MANUAL)
+    handled: list[str] = []
+
+    def handle(run: Any) -> None:
+        handled.append(run.id)
+        Run.objects.filter(pk=run.id).update(attempts=F("attempts") + 1)  # another worker took it over
+        run.thread().checkpoint({"step": 3})
+
+    assert client.serve(handle, wait=0, max_runs=1) == 1
+    assert len(handled) == 1 and Run.objects.get(pk=handled[0]).status == RunStatus.RUNNING
 
 
 def test_the_tool_key_is_the_servers() -> None:

@@ -1,10 +1,14 @@
-"""The Quicksave client: threads, checkpoints sent as client-computed patches, the tool cache,
+"""The Quicksave client: threads, checkpoints sent as client-computed patches, the tool-call log,
 approvals and runs, over the REST API v1 with one keep-alive HTTP connection pool."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import inspect
 import json
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,16 +17,31 @@ from typing import Any
 
 import httpx
 
-from quicksave_sdk.errors import NotFound, error_from_response
+from quicksave_sdk.errors import CallInDoubt, LeaseLost, NotFound, error_from_response
 from quicksave_sdk.jsonpatch import make_patch
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 API = "/api/v1"
+log = logging.getLogger("quicksave_sdk")
 
 
 def tool_key(name: str, args: Any) -> str:
     """The tool cache key of a call: SHA-256 of the canonical JSON of `[name, args]` (the server's own rule)."""
     return hashlib.sha256(_dumps([name, args], sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def call_key(thread_id: str, checkpoint_id: str | None, position: int) -> str:
+    """The idempotency key of the `position`th call made after `checkpoint_id`: the same on every
+    replay from that checkpoint (the in-process runtime's rule)."""
+    return hashlib.sha256(f"quicksave-call/{thread_id}/{checkpoint_id or 'root'}/{position}".encode()).hexdigest()
+
+
+def _takes_key(fn: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "idempotency_key" in parameters or any(p.kind is p.VAR_KEYWORD for p in parameters.values())
 
 
 def _dumps(value: Any, *, sort_keys: bool = False) -> str:
@@ -90,6 +109,24 @@ class Approval:
             args=data["args"], message=data["message"], risk=data["risk"], status=data["status"],
             expires_at=_time(data["expires_at"]), created_at=_time(data["created_at"]), decision=data["decision"],
         )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A logged tool call: `state` is pending (started, no result), done, in_doubt or retry."""
+
+    key: str
+    tool: str
+    state: str
+    idempotent: bool
+    attempt: int | None
+    starts: int
+    result: Any
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ToolCall:
+        return cls(key=data["key"], tool=data["tool"], state=data["state"], idempotent=data["idempotent"],
+                   attempt=data["attempt"], starts=data["starts"], result=data["result"])  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -185,6 +222,48 @@ class Client:
         data = self.request("POST", "/runs/claim/", {"wait": wait}, timeout=self.timeout + wait)
         return Run(self, data["run"]) if data else None
 
+    def serve(
+        self, handle: Callable[[Run], None], *, wait: float = 30, stop: threading.Event | None = None,
+        max_runs: int | None = None,
+    ) -> int:  # fmt: skip
+        """The agent's loop: claim a run, hand it to `handle`, close it; repeat until `stop` is set
+        (or `max_runs` runs were handled). Returns how many runs were handled.
+
+        A heartbeat keeps each run's lease while `handle` works. `handle` returning completes the
+        run; raising fails it with the error. `LeaseLost` (another attempt took the run over: this
+        one was frozen or cut off past its lease) and `CallInDoubt` (a person decides; the answer
+        queues the next run) end only that run, cleanly: the loop goes on.
+        """
+        handled = 0
+        while not (stop is not None and stop.is_set()) and (max_runs is None or handled < max_runs):
+            run = self.claim(wait=wait)
+            if run is None:
+                continue
+            handled += 1
+            with run.keeping_lease():
+                try:
+                    handle(run)
+                except LeaseLost as lost:
+                    log.warning("run %s: lease lost, stopping it (%s)", run.id, lost.message)
+                    continue
+                except CallInDoubt as doubt:
+                    log.warning("run %s: a call is in doubt; a person decides (approval %s)", run.id, doubt.approval)
+                    self._close(run.complete)
+                    continue
+                except Exception as exc:
+                    log.exception("run %s failed", run.id)
+                    self._close(functools.partial(run.fail, f"{type(exc).__name__}: {exc}"))
+                    continue
+            self._close(run.complete)
+        return handled
+
+    @staticmethod
+    def _close(close: Callable[[], None]) -> None:
+        try:
+            close()
+        except LeaseLost as lost:
+            log.warning("run already taken over: %s", lost.message)
+
 
 class Thread:
     """One thread as this process sees it: its id, the head it last saw, and a private copy of that head's state.
@@ -194,11 +273,14 @@ class Thread:
     re-read the head and decide what to write.
     """
 
-    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+    def __init__(self, client: Client, data: dict[str, Any], *, fence: str | None = None) -> None:
         self._client = client
         self.id: str = data["id"]
         self._head: str | None = None
         self._state: dict[str, Any] = {}
+        # The run attempt this object writes for (`Run.thread()`): every write carries its fence.
+        self.fence = fence
+        self._calls = 0  # calls made since the head: each call's position, for its key
         self._absorb(data)
 
     def _absorb(self, data: dict[str, Any]) -> None:
@@ -223,6 +305,7 @@ class Thread:
         return state
 
     def _move_to(self, checkpoint_id: str | None) -> None:
+        self._calls = 0
         if checkpoint_id is None:
             self._head, self._state = None, {}
             return
@@ -260,10 +343,11 @@ class Thread:
             body["state"] = new_state
         else:
             body["patch"] = make_patch(self._state, new_state)
-        optional = {"step": step, "model": model, "metadata": metadata, "tool_results": tool_results}
+        optional = {"step": step, "model": model, "metadata": metadata, "tool_results": tool_results,
+                    "fence": self.fence}  # fmt: skip
         body.update((name, value) for name, value in optional.items() if value is not None)
         checkpoint = Checkpoint.from_json(self._client.request("POST", f"/threads/{self.id}/checkpoints/", body))
-        self._head, self._state = checkpoint.id, new_state
+        self._head, self._state, self._calls = checkpoint.id, new_state, 0
         return checkpoint
 
     def cached_tool_result(self, key: str) -> ToolResult | None:
@@ -277,19 +361,37 @@ class Thread:
             created_at=_time(data["created_at"]),
         )  # fmt: skip
 
-    def tool(self, name: str, args: Any, fn: Callable[..., Any]) -> Any:
-        """`fn(**args)` (or `fn(args)` when args is not a dict), run at most once per thread.
+    def tool(self, name: str, args: Any, fn: Callable[..., Any], *, idempotent: bool = False) -> Any:
+        """`fn(**args)` (or `fn(args)` when args is not a dict), run at most once for this place in the step.
 
-        A cached result is returned without calling `fn`. When two processes race on the
-        same call, both get the result that was stored first.
+        The call's intent is logged before `fn` runs and its result after, under a key that is the
+        same when the step is replayed from the same checkpoint (`call_key`): a replay gets the
+        logged result without calling `fn`. `fn` gets the key as `idempotency_key` when it takes
+        that argument. A call that was started (by an attempt that died) and has no result raises
+        `CallInDoubt` and is not run, unless `idempotent=True` says running it again under the same
+        key does no harm. Raises `LeaseLost` when this object's run attempt lost its run.
         """
-        key = tool_key(name, args)
-        cached = self.cached_tool_result(key)
-        if cached is not None:
-            return cached.result
-        result = fn(**args) if isinstance(args, dict) else fn(args)
-        body = {"result": result, "tool": name[:200], "checkpoint": self._head}
-        return self._client.request("PUT", f"/threads/{self.id}/tool-results/{key}/", body)["result"]
+        key = call_key(self.id, self._head, self._calls)
+        self._calls += 1
+        begun = self._client.request(
+            "PUT", f"/threads/{self.id}/tool-calls/{key}/",
+            {"tool": name[:200], "args": args, "idempotent": idempotent, "fence": self.fence},
+        )  # fmt: skip
+        if not begun["proceed"]:
+            return begun["result"]
+        extra = {"idempotency_key": key} if _takes_key(fn) else {}
+        result = fn(**args, **extra) if isinstance(args, dict) else fn(args, **extra)
+        done = self._client.request(
+            "PUT", f"/threads/{self.id}/tool-calls/{key}/result/", {"result": result, "fence": self.fence}
+        )
+        return done["result"]
+
+    def tool_call(self, key: str) -> ToolCall | None:
+        """The call logged under `key` in this thread, or None."""
+        try:
+            return ToolCall.from_json(self._client.request("GET", f"/threads/{self.id}/tool-calls/{key}/"))
+        except NotFound:
+            return None
 
     def request_approval(
         self,
@@ -306,6 +408,7 @@ class Thread:
         body = {
             "checkpoint": self._head, "action": action, "args": args, "message": message, "risk": risk,
             "expires_at": expires_at.isoformat() if isinstance(expires_at, datetime) else expires_at,
+            "fence": self.fence,
         }  # fmt: skip
         approval = Approval.from_json(self._client.request("POST", f"/threads/{self.id}/approvals/", body))
         self.status = "waiting_for_approval"
@@ -330,21 +433,65 @@ class Run:
     def _absorb(self, data: dict[str, Any]) -> None:
         self.status: str = data["status"]
         self.attempts: int = data["attempts"]
+        self.fence: str | None = data.get("fence")
         self.lease_expires_at = _time(data["lease_expires_at"])
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.reason} {self.status}>"
 
     def thread(self) -> Thread:
-        """The run's thread, loaded at the checkpoint to resume from."""
-        return self._client.thread_by_id(self.thread_id, at=self.checkpoint_id)
+        """The run's thread, loaded at the checkpoint to resume from; its writes carry this claim's fence."""
+        thread = Thread(self._client, self._client.request("GET", f"/threads/{self.thread_id}/"), fence=self.fence)
+        thread._move_to(self.checkpoint_id)
+        return thread
 
     def heartbeat(self) -> None:
-        """Extend the lease; raises `Conflict` (lease_lost) when another worker holds the run now."""
-        self._absorb(self._client.request("POST", f"/runs/{self.id}/heartbeat/")["run"])
+        """Extend the lease; raises `LeaseLost` when another attempt holds the run now."""
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/heartbeat/", {"fence": self.fence})["run"])
 
     def complete(self) -> None:
-        self._absorb(self._client.request("POST", f"/runs/{self.id}/complete/")["run"])
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/complete/", {"fence": self.fence})["run"])
 
     def fail(self, error: str = "") -> None:
-        self._absorb(self._client.request("POST", f"/runs/{self.id}/fail/", {"error": error})["run"])
+        body = {"error": error, "fence": self.fence}
+        self._absorb(self._client.request("POST", f"/runs/{self.id}/fail/", body)["run"])
+
+    def keeping_lease(self, *, every: float | None = None) -> _LeaseKeeper:
+        """A context manager that renews the lease from a side thread (every third of the lease
+        left by default) while its block runs; it stops renewing once the lease is lost."""
+        return _LeaseKeeper(self, every)
+
+
+class _LeaseKeeper:
+    def __init__(self, run: Run, every: float | None) -> None:
+        self.run = run
+        self.every = every
+        self.stopped = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"quicksave-lease-{run.id}", daemon=True)
+
+    def _interval(self) -> float:
+        if self.every is not None:
+            return self.every
+        if self.run.lease_expires_at is None:
+            return 5.0
+        left = (self.run.lease_expires_at - datetime.now(self.run.lease_expires_at.tzinfo)).total_seconds()
+        return max(0.2, left / 3)
+
+    def _beat(self) -> None:
+        while not self.stopped.wait(self._interval()):
+            try:
+                self.run.heartbeat()
+            except LeaseLost:
+                self.lost.set()
+                return
+            except Exception:  # the server may be back by the next beat
+                log.warning("heartbeat of run %s failed", self.run.id, exc_info=True)
+
+    def __enter__(self) -> _LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self._thread.join()

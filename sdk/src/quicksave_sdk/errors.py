@@ -53,7 +53,28 @@ class AlreadyDecided(Conflict):
     """409 already_decided: someone else decided the approval first."""
 
 
-_BY_CODE: dict[str, type[QuicksaveError]] = {"stale_parent": StaleParent, "already_decided": AlreadyDecided}
+class LeaseLost(Conflict):
+    """409 lease_lost: another attempt holds the run now (this one was too slow to renew its lease).
+    Stop working on the run: nothing this attempt writes is accepted any more."""
+
+
+class CallInDoubt(Conflict):
+    """409 in_doubt: the call was started before (by an attempt that died) and has no result, so it
+    may or may not have happened. It is not run again; a person answers in the inbox, and the
+    answer queues the next run. `approval` is the inbox item's id."""
+
+    @property
+    def approval(self) -> str | None:
+        approval = self.detail.get("approval")
+        return str(approval) if approval is not None else None
+
+
+_BY_CODE: dict[str, type[QuicksaveError]] = {
+    "stale_parent": StaleParent,
+    "already_decided": AlreadyDecided,
+    "lease_lost": LeaseLost,
+    "in_doubt": CallInDoubt,
+}
 _BY_STATUS: dict[int, type[QuicksaveError]] = {
     400: InvalidInput,
     401: AuthenticationFailed,

@@ -144,7 +144,7 @@ def build_world() -> World:
             "tool": "search-1",
             "call": "call-1",
             "digest": "0" * 64,
-        },  # fmt: skip
+        },
         keys={OWNER: owner_secret, FOREIGN: foreign_secret},
     )
 

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from agents.models import Agent, AgentKey
 from approvals import audit
+from checkpoints import live
 
 KEY_PREFIX = "qs_"
 # How fresh a key's `last_used_at` is kept (the agents page shows it).
@@ -145,9 +146,11 @@ def _note_use(key: AgentKey) -> None:
 def revoke_agent_key(
     *, key: AgentKey, actor: User | None = None, actor_name: str | None = None, address: str | None = None
 ) -> None:
-    """Revoke `key` (a key already revoked stays as it was, and no second audit entry is written)."""
+    """Revoke `key` (a key already revoked stays as it was, and no second audit entry is written).
+    Its open websockets close with 4401 once the revocation commits, on every server process."""
     revoked_at = timezone.now()
     if AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=revoked_at):
+        live.close_sockets_on_commit(live.agent_key_group(key.pk))
         audit.record(
             actor=actor, actor_name=actor_name, action="agent_key.revoke", target_type="agent_key",
             target_id=key.prefix, before={"agent": key.agent.name, "revoked_at": None},

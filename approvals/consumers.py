@@ -36,16 +36,14 @@ class InboxConsumer(live.EventConsumer):
         if self.agent is None and not await database_sync_to_async(_sees_everything)(user):
             await self.refuse(4403)
             return
-        await self.channel_layer.group_add(live.INBOX_GROUP, self.channel_name)
+        if not await self.join(live.INBOX_GROUP):
+            return
         await self.accept()
         pending = await database_sync_to_async(_pending)(user)
         # A request that committed just before the sync may still be on its way through the
         # channel layer; the sync already names it, so its event is not sent a second time.
         self.synced = set(pending)
         await self.send_json({"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": pending}})
-
-    async def disconnect(self, code: int) -> None:
-        await self.channel_layer.group_discard(live.INBOX_GROUP, self.channel_name)
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]

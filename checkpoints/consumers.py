@@ -52,13 +52,10 @@ class ThreadConsumer(live.EventConsumer):
             await self.refuse(4400)
             return
         self.last_seq = start
-        await self.channel_layer.group_add(live.thread_group(self.thread_id), self.channel_name)
+        if not await self.join(live.thread_group(self.thread_id)):
+            return
         await self.accept()
         await self._replay()
-
-    async def disconnect(self, code: int) -> None:
-        if hasattr(self, "last_seq"):
-            await self.channel_layer.group_discard(live.thread_group(self.thread_id), self.channel_name)
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
@@ -97,13 +94,9 @@ class ThreadListConsumer(live.EventConsumer):
         if not await database_sync_to_async(_sees_every_thread)(user):
             await self.refuse(4403)
             return
-        self.joined = True
-        await self.channel_layer.group_add(live.THREADS_GROUP, self.channel_name)
+        if not await self.join(live.THREADS_GROUP):
+            return
         await self.accept()
-
-    async def disconnect(self, code: int) -> None:
-        if getattr(self, "joined", False):
-            await self.channel_layer.group_discard(live.THREADS_GROUP, self.channel_name)
 
     async def live_threads(self, message: dict[str, Any]) -> None:
         await self.send_json(

@@ -1,7 +1,8 @@
 """Live updates across processes: two ASGI servers sharing Redis, plus a worker process.
 
 A websocket connected to one server receives the events caused by an API write through
-the other server and by the worker.
+the other server and by the worker, and is closed (4401) when a request to the other server
+revokes its key or signs its session out. With Redis down, a websocket is refused with 4503.
 """
 
 from __future__ import annotations
@@ -9,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,11 +21,15 @@ import httpx
 import pytest
 import redis
 import websockets
+from django.conf import settings
+from django.test import Client
 
 from agents.demo import CodeReviewAgent
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.runtime import start_thread
-from tests.processes import ROOT, database_url, free_port, start_server, stop
+from checkpoints import store
+from tests.conftest import person
+from tests.processes import REDIS_SERVER, ROOT, RedisServer, database_url, free_port, start_server, stop
 
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
 
@@ -104,3 +111,114 @@ def test_a_websocket_on_one_server_sees_writes_through_the_other_and_the_worker(
     assert [event["seq"] for event in worker_events] == list(range(reviewed.event_seq + 1, reviewed.event_seq + 4))
     assert worker_events[0]["type"] == "run.claimed"
     assert {event["type"] for event in worker_events[1:]} == {"checkpoint.created"}
+
+
+WITHIN_SECONDS = 2.0  # a revoke or a sign-out closes the sockets it ends within this long
+
+
+def _csrf(browser: httpx.Client, page: str) -> str:
+    """The CSRF form token of `page` (fetching it also sets the csrftoken cookie)."""
+    response = browser.get(page)
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', response.text)
+    assert found, f"no CSRF token on {page} ({response.status_code})"
+    return found.group(1)
+
+
+def _session_browser(port: int, user: Any) -> httpx.Client:
+    """A browser signed in as `user` (the session row is in the shared database)."""
+    session = Client()
+    session.force_login(user)
+    name = settings.SESSION_COOKIE_NAME
+    return httpx.Client(base_url=f"http://127.0.0.1:{port}", cookies={name: session.cookies[name].value})
+
+
+async def _close_code_after(url: str, headers: dict[str, str], action: Any) -> tuple[int | None, float]:
+    """Open a socket, run `action` (blocking, in a thread), then wait for the socket to close: its
+    code and the seconds it took after the action returned."""
+    async with websockets.connect(url, additional_headers=headers) as socket:
+        await asyncio.to_thread(action)
+        acted = time.monotonic()
+        try:
+            async with asyncio.timeout(10):
+                async for _ in socket:
+                    pass  # replayed events, an inbox sync: the socket is open
+        except TimeoutError:
+            return None, time.monotonic() - acted
+        except websockets.ConnectionClosed:
+            pass  # closed with a code other than 1000
+        return socket.close_code, time.monotonic() - acted
+
+
+@pytest.mark.parametrize("path", ["/ws/threads/{thread}/", "/ws/inbox/"])
+def test_revoking_a_key_through_one_server_closes_its_sockets_on_the_other(servers: list[int], path: str) -> None:
+    server_a, server_b = servers
+    agent = get_or_create_agent(name="code-review")
+    key_row, key = create_agent_key(agent=agent)
+    thread, _ = store.create_thread(agent=agent, external_id="revoked")
+    admin = person("ada", "admin")
+    browser_b = _session_browser(server_b, admin)
+    revoke_page = f"/agents/keys/{key_row.prefix}/revoke/"
+    token = _csrf(browser_b, revoke_page)
+
+    def revoke() -> None:
+        response = browser_b.post(revoke_page, data={"csrfmiddlewaretoken": token})
+        assert response.status_code == 302, response.text
+
+    headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{server_a}"}
+    url = f"ws://127.0.0.1:{server_a}" + path.format(thread=thread.pk)
+    code, took = asyncio.run(_close_code_after(url, headers, revoke))
+    browser_b.close()
+
+    assert code == 4401
+    assert took < WITHIN_SECONDS
+
+
+@pytest.mark.parametrize("path", ["/ws/threads/{thread}/", "/ws/threads/", "/ws/inbox/"])
+def test_signing_out_through_one_server_closes_the_sessions_sockets_on_the_other(servers: list[int], path: str) -> None:
+    server_a, server_b = servers
+    thread, _ = store.create_thread(agent=get_or_create_agent(name="code-review"), external_id="signed-out")
+    browser_b = _session_browser(server_b, person("vera", "viewer"))
+    token = _csrf(browser_b, "/")  # every page has the sign-out form
+
+    def sign_out() -> None:
+        response = browser_b.post("/logout/", data={"csrfmiddlewaretoken": token})
+        assert response.status_code < 400, response.text
+
+    name = settings.SESSION_COOKIE_NAME
+    headers = {"Cookie": f"{name}={browser_b.cookies[name]}", "Origin": f"http://127.0.0.1:{server_a}"}
+    url = f"ws://127.0.0.1:{server_a}" + path.format(thread=thread.pk)
+    code, took = asyncio.run(_close_code_after(url, headers, sign_out))
+    browser_b.close()
+
+    assert code == 4401
+    assert took < WITHIN_SECONDS
+
+
+def test_a_websocket_while_redis_is_down_is_refused_with_4503_not_an_http_500(db: Any) -> None:
+    if REDIS_SERVER is None:
+        pytest.skip("redis-server is not installed on this machine")
+    redis_server = RedisServer()
+    redis_server.start()
+    port = free_port()
+    server = start_server(port, {"REDIS_URL": redis_server.url})
+    try:
+        redis_server.kill()
+        agent = get_or_create_agent(name="code-review")
+        thread, _ = store.create_thread(agent=agent, external_id="no-redis")
+        _, key = create_agent_key(agent=agent)
+        headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{port}"}
+
+        async def attempt() -> int | None:
+            url = f"ws://127.0.0.1:{port}/ws/threads/{thread.pk}/"
+            async with websockets.connect(url, additional_headers=headers) as socket:
+                try:
+                    async with asyncio.timeout(10):
+                        async for _ in socket:
+                            pass
+                except websockets.ConnectionClosed:
+                    pass
+                return socket.close_code
+
+        assert [asyncio.run(attempt()) for _ in range(3)] == [4503, 4503, 4503]
+    finally:
+        stop(server)

@@ -58,12 +58,13 @@ class Fence:
 
 
 # True when the write carries no fence (a write outside any run), or when its attempt still holds
-# its run, the run is running and belongs to the thread written. Parameters: fence_run,
-# fence_attempt and thread_id.
+# its run and the run is running. Parameters: fence_run and fence_attempt. The thread written is not
+# compared with the run's: a fence only ever refuses a write (one without a fence is let through),
+# and a LangGraph run writes its subgraphs' namespaces, which are threads of their own.
 SQL = """(%(fence_run)s::uuid IS NULL OR EXISTS (
     SELECT 1 FROM agents_run fence
     WHERE fence.id = %(fence_run)s::uuid AND fence.attempts = %(fence_attempt)s::bigint
-      AND fence.status = 'running' AND fence.thread_id = %(thread_id)s::uuid
+      AND fence.status = 'running'
     FOR SHARE))"""
 
 
@@ -77,8 +78,7 @@ def params(fence: Fence | None) -> dict[str, Any]:
 # The same condition as a statement of its own, for a transaction whose writes go through the ORM:
 # run first in the transaction, it holds the share lock until the transaction ends.
 _HOLD_SQL = """SELECT 1 FROM agents_run fence
-WHERE fence.id = %(fence_run)s::uuid AND fence.attempts = %(fence_attempt)s::bigint
-  AND fence.status = 'running' AND fence.thread_id = %(thread_id)s::uuid
+WHERE fence.id = %(fence_run)s::uuid AND fence.attempts = %(fence_attempt)s::bigint AND fence.status = 'running'
 FOR SHARE"""
 
 
@@ -87,7 +87,7 @@ def holds(fence: Fence, *, thread_id: UUID) -> bool:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(_HOLD_SQL.replace("FOR SHARE", ""), {**params(fence), "thread_id": thread_id})
+        cursor.execute(_HOLD_SQL.replace("FOR SHARE", ""), params(fence))
         return cursor.fetchone() is not None
 
 
@@ -99,6 +99,6 @@ def hold(fence: Fence | None, *, thread_id: UUID) -> None:
     from django.db import connection
 
     with connection.cursor() as cursor:
-        cursor.execute(_HOLD_SQL, {**params(fence), "thread_id": thread_id})
+        cursor.execute(_HOLD_SQL, params(fence))
         if cursor.fetchone() is None:
             raise fence.lost(thread_id=thread_id)

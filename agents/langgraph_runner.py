@@ -26,6 +26,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
 from agents import runtime
+from agents.fencing import Fence
 from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest
 from checkpoints import store
@@ -43,15 +44,22 @@ class LangGraphAgent(runtime.LoopAgent):
         """The compiled graph, checkpointing with `checkpointer` (register_graph sets the factory)."""
         raise NotImplementedError
 
-    def drive(self, run: Run, thread: Thread) -> str:
+    def drive(self, run: Run, thread: Thread, *, lease_held: Callable[[], bool]) -> str:
         info = thread.metadata.get("langgraph", {})
         if info.get("checkpoint_ns"):
             raise RuntimeError(f"Thread {thread.pk} is a subgraph's namespace; runs resume the root graph's thread.")
-        saver = QuicksaveSaver(agent=self.name)
+        saver = QuicksaveSaver(agent=self.name, fence=Fence(run.pk, run.attempts), lease_held=lease_held)
         graph = self.build(saver)
         latest: RunnableConfig = {"configurable": {"thread_id": info.get("thread_id", thread.external_id)}}
         if run.reason == RunReason.APPROVAL and run.approval_id is not None:
             approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
+            head = Thread.objects.values_list("head_id", flat=True).get(pk=thread.pk)
+            if head != approval.checkpoint_id:
+                # The graph resumes its latest checkpoint: the decision is for that one only.
+                raise runtime.ApprovalMismatch(
+                    f"Run {run.pk} would resume the graph at checkpoint {head}, but its decision was made at "
+                    f"checkpoint {approval.checkpoint_id}; not acting on it."
+                )
             graph.invoke(Command(resume=resume_for(approval, decode=saver.from_json)), latest)
         else:
             graph.invoke(None, latest if run.attempts > 1 else self._at(run, latest))

@@ -120,8 +120,9 @@ class LoopAgent(Agent):
     """An agent that runs its own loop and writes its own checkpoints (a LangGraph graph):
     the runtime hands it the whole run instead of stepping it."""
 
-    def drive(self, run: Run, thread: Thread) -> str:
-        """Carry the run out; return "done", "failed", "suspended" or "stale" as `execute` does."""
+    def drive(self, run: Run, thread: Thread, *, lease_held: Callable[[], bool]) -> str:
+        """Carry the run out, writing with the run's fence (`Fence(run.pk, run.attempts)`) and asking
+        `lease_held` before each step; return what `execute` does."""
         raise NotImplementedError
 
 
@@ -264,8 +265,9 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
     fence = Fence(run.pk, run.attempts)
     if isinstance(agent, LoopAgent):
         try:
-            return agent.drive(run, thread)
+            return agent.drive(run, thread, lease_held=lease_held or (lambda: True))
         except LeaseLost:
+            log.warning("run %s: attempt %s lost its lease; it stops here", run.pk, run.attempts)
             return "lease_lost"
     start = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
     if run.attempts > 1:

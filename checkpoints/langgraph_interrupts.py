@@ -44,6 +44,7 @@ from uuid import UUID
 
 from django.db import transaction
 
+from agents.fencing import Fence
 from agents.runtime import Decision, decision_for
 from approvals.models import ApprovalRequest, Risk
 from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
@@ -161,6 +162,7 @@ def file_interrupts(
     interrupts: Sequence[PendingInterrupt],
     resumed: int,
     encode: Codec,
+    fence: Fence | None = None,
 ) -> list[ApprovalRequest]:
     """File a pending approval for each interrupt not filed before; returns the new approvals.
 
@@ -179,7 +181,8 @@ def file_interrupts(
                 if get_tool_result(thread=thread, key=key) is not None:
                     continue
                 approval = request_approval(thread=thread, checkpoint=checkpoint, action=request.action,
-                                            args=request.args, message=request.message, risk=request.risk)  # fmt: skip
+                                            args=request.args, message=request.message, risk=request.risk,
+                                            fence=fence)  # fmt: skip
                 put_tool_result(thread=thread, key=key, tool=f"{MARKER_TOOL}:{approval.pk}", checkpoint=checkpoint,
                                 result={"approval": str(approval.pk), "interrupt_id": interrupt.id,
                                         "shape": request.shape, "reject_as": list(request.reject_as),

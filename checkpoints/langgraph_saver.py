@@ -85,6 +85,7 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
+from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
 from checkpoints import codec, langgraph_interrupts, lent_connection, store
@@ -225,13 +226,26 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer that writes through the Quicksave checkpoint store."""
 
     def __init__(
-        self, *, agent: str = "langgraph", serde: SerializerProtocol | None = None, approvals: bool = True
+        self,
+        *,
+        agent: str = "langgraph",
+        serde: SerializerProtocol | None = None,
+        approvals: bool = True,
+        fence: Fence | None = None,
+        lease_held: Callable[[], bool] | None = None,
     ) -> None:
         """`agent` names the Quicksave agent the threads belong to (register the graph under the
-        same name for the worker to resume it); `approvals=False` keeps interrupts out of the inbox."""
+        same name for the worker to resume it); `approvals=False` keeps interrupts out of the inbox.
+
+        The worker passes the `fence` of the run it drives the graph for, and `lease_held`, which
+        says whether it still holds the run: every write carries the fence, and a put or
+        put_writes after the lease was lost raises LeaseLost, which ends the graph's run.
+        """
         super().__init__(serde=serde)
         self.agent_name = agent
         self.approvals = approvals
+        self.fence = fence
+        self._lease_held = lease_held
         self._agent: Agent | None = None
         # Interrupts whose checkpoint was not written yet, by (Quicksave thread, LangGraph id):
         # put() files them. The lock orders put()'s look against put_writes()' note.
@@ -241,6 +255,10 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         # The (thread, namespace, LangGraph id) of the puts under way, whose rows put_writes()
         # would not find yet. Set operations are atomic, so no lock.
         self._putting: set[tuple[str, str, str]] = set()
+
+    def _check_lease(self) -> None:
+        if self.fence is not None and self._lease_held is not None and not self._lease_held():
+            raise self.fence.lost()
 
     # ------------------------------------------------------------------ encoding
 
@@ -455,6 +473,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        self._check_lease()
         configurable = config["configurable"]
         thread_id, checkpoint_ns = configurable["thread_id"], configurable.get("checkpoint_ns", "")
         key = (str(thread_id), checkpoint_ns)
@@ -602,20 +621,21 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             assert patch is None, "a patch needs its parent"
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
-                    return store.append_checkpoint(thread=thread, parent=None, branch=store.MAIN_BRANCH, **fields)
+                    return store.append_checkpoint(thread=thread, parent=None, branch=store.MAIN_BRANCH,
+                                                   fence=self.fence, **fields)  # fmt: skip
                 except StaleParent:
                     pass  # another writer started the thread first: this one is a second root
             return store.append_checkpoint(
-                thread=thread, parent=None, branch=self._root_branch(thread, lg_id), **fields
+                thread=thread, parent=None, branch=self._root_branch(thread, lg_id), fence=self.fence, **fields
             )
         try:
-            return store.append_checkpoint(thread=thread, parent=parent, **fields)
+            return store.append_checkpoint(thread=thread, parent=parent, fence=self.fence, **fields)
         except StaleParent:
             pass  # the parent is not the head of its branch (a replay, a fork): branch off it
         if patch is not None and _row_of(thread, lg_id) is not None:
             return None
         branch = store.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
-        return store.append_checkpoint(thread=thread, parent=parent, branch=branch.name, **fields)
+        return store.append_checkpoint(thread=thread, parent=parent, branch=branch.name, fence=self.fence, **fields)
 
     @staticmethod
     def _root_branch(thread: Thread, lg_id: str) -> str:
@@ -634,6 +654,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        self._check_lease()
         configurable = config["configurable"]
         lg_id = configurable["checkpoint_id"]
         thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
@@ -667,9 +688,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         put is under way here, as it would not be found before that put commits."""
         return None if key in self._putting else _row_of(thread, key[2])
 
-    @staticmethod
     def _store_writes(
-        thread: Thread, row: UUID | None, lg_id: str, task_id: str, task_path: str, writes: EncodedWrites
+        self, thread: Thread, row: UUID | None, lg_id: str, task_id: str, task_path: str, writes: EncodedWrites
     ) -> None:
         results = []
         for index, (channel, encoded) in enumerate(writes):
@@ -683,7 +703,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 "channel": channel, "value": encoded,
             }))  # fmt: skip
         # One statement, so one commit, however many writes the task made.
-        add_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row)
+        add_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row, fence=self.fence)
 
     def _interrupted(self, thread: Thread, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]) -> None:
         """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved
@@ -705,7 +725,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                     thread=thread, checkpoint_id=row, lg_id=lg_id, task_id=task_id,
                     interrupts=langgraph_interrupts.pending_interrupts(value),
                     resumed=len(resumes[-1]) if resumes and isinstance(resumes[-1], list) else 0,
-                    encode=self.to_json,
+                    encode=self.to_json, fence=self.fence,
                 )  # fmt: skip
 
     @_borrowing_connection

@@ -13,6 +13,8 @@ import psycopg
 from django.db import connection
 from django.utils import timezone
 
+from agents import fencing
+from agents.fencing import Fence
 from checkpoints import codec, crypto
 from checkpoints.errors import InvalidState, NotFound
 from checkpoints.fields import associated_data
@@ -50,9 +52,10 @@ _PUT_SQL = """
 INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at)
 SELECT %(thread)s::uuid, key, %(tool)s::text, result, %(checkpoint)s::uuid, %(created_at)s::timestamptz
 FROM unnest(%(keys)s::text[], %(results)b::bytea[]) AS given(key, result)
+WHERE {fence}
 ON CONFLICT (thread_id, key) DO NOTHING
 RETURNING id, key
-"""
+""".replace("{fence}", fencing.SQL)
 
 
 class _Sealed(NamedTuple):
@@ -91,14 +94,23 @@ def put_tool_results(
 
 
 def add_tool_results(
-    *, thread: Thread, results: Sequence[tuple[str, Any]], tool: str = "", checkpoint: Checkpoint | UUID | None = None
+    *,
+    thread: Thread,
+    results: Sequence[tuple[str, Any]],
+    tool: str = "",
+    checkpoint: Checkpoint | UUID | None = None,
+    fence: Fence | None = None,
 ) -> int:
     """`put_tool_results` for a caller that does not read the stored rows back (LangGraph's
-    pending writes, two puts a step): how many keys were new."""
+    pending writes, two puts a step): how many keys were new. A run's writes carry its `fence`:
+    LeaseLost, and nothing written, once another attempt holds the run."""
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
     tool = _checked_tool(tool)
     rows = _sealed(thread, results)
-    return len(_write(thread, rows, tool=tool, checkpoint_id=checkpoint_id, created_at=timezone.now()))
+    written = len(_write(thread, rows, tool=tool, checkpoint_id=checkpoint_id, created_at=timezone.now(), fence=fence))
+    if fence is not None and written < len(rows) and not fencing.holds(fence, thread_id=thread.pk):
+        raise fence.lost(thread_id=thread.pk)
+    return written
 
 
 def valid_key(key: str) -> bool:
@@ -136,7 +148,13 @@ def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]
 
 
 def _write(
-    thread: Thread, rows: list[_Sealed], *, tool: str, checkpoint_id: UUID | None, created_at: datetime
+    thread: Thread,
+    rows: list[_Sealed],
+    *,
+    tool: str,
+    checkpoint_id: UUID | None,
+    created_at: datetime,
+    fence: Fence | None = None,
 ) -> dict[str, int]:
     """Insert the rows whose keys are new; the id of each one inserted, by key."""
     if not rows:
@@ -144,6 +162,7 @@ def _write(
     params = {
         "thread": thread.pk, "keys": [row.key for row in rows], "tool": tool,
         "results": [row.sealed for row in rows], "checkpoint": checkpoint_id, "created_at": created_at,
+        **fencing.params(fence),
     }  # fmt: skip
     connection.ensure_connection()
     # Django's cursors bind parameters client-side, so the server would parse and plan the insert

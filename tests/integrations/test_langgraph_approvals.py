@@ -18,12 +18,15 @@ from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.types import INTERRUPT
-from langgraph.types import Interrupt
+from langgraph.types import Command, Interrupt
 
-from agents.models import RunReason, RunStatus
+from agents.fencing import Fence, LeaseLost
+from agents.models import Run, RunReason, RunStatus
+from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import langgraph_saver, store
+from checkpoints.langgraph_interrupts import resume_for
 from checkpoints.langgraph_saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from tests.conftest import person
@@ -370,3 +373,25 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
     approval = pending(quicksave_thread(graphs.ASK, "racing-writes"))
     assert (approval.action, approval.args) == ("deploy", {"env": "prod"})
     assert approval.checkpoint.metadata["lg_id"] == checkpoint["id"]
+
+
+def test_a_graph_run_by_an_attempt_that_lost_its_run_writes_nothing(rita: User) -> None:
+    _, config, thread = start(graphs.BOOKING, graphs.booking_graph, {"destination": "Lisbon"})
+    approval = decide(approval=pending(thread), user=rita, decision="approve")
+    resume = Command(resume=resume_for(approval, decode=QuicksaveSaver().from_json))
+    run = claim_run(agents=[thread.agent], worker="frozen")
+    assert run is not None
+    written = Checkpoint.objects.filter(thread=thread).count()
+    Run.objects.filter(pk=run.pk).update(attempts=run.attempts + 1)  # another worker took the run over
+
+    stale = graphs.booking_graph(QuicksaveSaver(agent=graphs.BOOKING, fence=Fence(run.pk, run.attempts)))
+    with pytest.raises(LeaseLost):
+        stale.invoke(resume, config)
+    assert Checkpoint.objects.filter(thread=thread).count() == written
+
+    expired = graphs.booking_graph(
+        QuicksaveSaver(agent=graphs.BOOKING, fence=Fence(run.pk, run.attempts + 1), lease_held=lambda: False)
+    )
+    with pytest.raises(LeaseLost):
+        expired.invoke(resume, config)
+    assert Checkpoint.objects.filter(thread=thread).count() == written

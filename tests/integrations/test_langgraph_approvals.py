@@ -378,7 +378,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
 def test_a_graph_run_by_an_attempt_that_lost_its_run_writes_nothing(rita: User) -> None:
     _, config, thread = start(graphs.BOOKING, graphs.booking_graph, {"destination": "Lisbon"})
     approval = decide(approval=pending(thread), user=rita, decision="approve")
-    resume = Command(resume=resume_for(approval, decode=QuicksaveSaver().from_json))
+    resume: Command[Any] = Command(resume=resume_for(approval, decode=QuicksaveSaver().from_json))
     run = claim_run(agents=[thread.agent], worker="frozen")
     assert run is not None
     written = Checkpoint.objects.filter(thread=thread).count()

@@ -18,8 +18,9 @@ from rest_framework.views import APIView
 from agents import runs, tool_calls
 from agents.auth import AgentPrincipal
 from agents.fencing import Fence
-from agents.models import Agent, Run, RunStatus, ToolCall, ToolCallState
-from approvals.serializers import ApprovalSchemaSerializer, ToolCallSchemaSerializer, approval_data
+from agents.models import Agent, Run, RunStatus, ToolCall
+from agents.serializers import ToolCallSchemaSerializer, tool_call_data
+from approvals.serializers import ApprovalSchemaSerializer, approval_data
 from approvals.services import file_in_doubt
 from checkpoints.access import check_can_write, get_thread_for
 from checkpoints.models import Checkpoint, Thread
@@ -170,30 +171,7 @@ class CallInDoubt(DomainError):
     status = 409
 
 
-def tool_call_data(call: ToolCall) -> dict[str, Any]:
-    """A call as the API returns it: `result` once it is done."""
-    return {
-        "key": call.key,
-        "tool": call.tool,
-        "state": call.state,
-        "idempotent": call.idempotent,
-        "run": str(call.run_id) if call.run_id else None,
-        "attempt": call.attempt,
-        "starts": call.starts,
-        "started_at": call.started_at.isoformat(),
-        "finished_at": call.finished_at.isoformat() if call.finished_at else None,
-        "result": call.result if call.state == ToolCallState.DONE else None,
-    }
-
-
-class ToolCallDataSerializer(ToolCallSchemaSerializer):
-    """The schema of `tool_call_data`."""
-
-    finished_at = serializers.DateTimeField(allow_null=True)
-    result = serializers.JSONField(allow_null=True)
-
-
-class ToolCallBegunSerializer(ToolCallDataSerializer):
+class ToolCallBegunSerializer(ToolCallSchemaSerializer):
     proceed = serializers.BooleanField(help_text="true: call the tool now, then PUT its result; false: use `result`.")
 
 
@@ -225,7 +203,7 @@ def _thread(request: Request, thread_id: uuid.UUID, *, write: bool) -> Thread:
 class ToolCallView(APIView):
     """A call's intent: PUT it before calling the tool, and call the tool only when told to proceed."""
 
-    @extend_schema(responses=ToolCallDataSerializer)
+    @extend_schema(responses=ToolCallSchemaSerializer)
     def get(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
         thread = _thread(request, thread_id, write=False)
         call = ToolCall.objects.filter(thread=thread, key=_key(key)).first()
@@ -261,7 +239,7 @@ class ToolCallView(APIView):
 
 
 class ToolCallResultView(APIView):
-    @extend_schema(request=ToolCallResultSerializer, responses=ToolCallDataSerializer)
+    @extend_schema(request=ToolCallResultSerializer, responses=ToolCallSchemaSerializer)
     def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
         thread = _thread(request, thread_id, write=True)
         serializer = ToolCallResultSerializer(data=request.data)

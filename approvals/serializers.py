@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.models import ToolCall, ToolCallState
+from agents.serializers import ToolCallSchemaSerializer, tool_call_data
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
 from quicksave.api import FenceField, StrictSerializer
 
@@ -44,20 +44,7 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
         "status": approval.status,
         "created_at": approval.created_at.isoformat(),
         "decision": decision,
-        "tool_call": _tool_call_data(approval.tool_call) if approval.tool_call_id and approval.tool_call else None,
-    }
-
-
-def _tool_call_data(call: ToolCall) -> dict[str, Any]:
-    return {
-        "key": call.key,
-        "tool": call.tool,
-        "state": call.state,
-        "idempotent": call.idempotent,
-        "run": str(call.run_id) if call.run_id else None,
-        "attempt": call.attempt,
-        "starts": call.starts,
-        "started_at": call.started_at.isoformat(),
+        "tool_call": tool_call_data(approval.tool_call) if approval.tool_call_id and approval.tool_call else None,
     }
 
 
@@ -70,17 +57,6 @@ class DecisionSchemaSerializer(serializers.Serializer[Any]):
     comment = serializers.CharField(allow_blank=True)
     decided_by = serializers.CharField(allow_null=True)
     decided_at = serializers.DateTimeField(allow_null=True)
-
-
-class ToolCallSchemaSerializer(serializers.Serializer[Any]):
-    key = serializers.CharField(help_text="The call's idempotency key.")
-    tool = serializers.CharField()
-    state = serializers.ChoiceField(choices=ToolCallState.choices)
-    idempotent = serializers.BooleanField()
-    run = serializers.UUIDField(allow_null=True, help_text="The run whose attempt last started the call.")
-    attempt = serializers.IntegerField(allow_null=True, help_text="That attempt (the one that died, when in doubt).")
-    starts = serializers.IntegerField(help_text="How many times the call was started.")
-    started_at = serializers.DateTimeField()
 
 
 class ApprovalSchemaSerializer(serializers.Serializer[Any]):

@@ -91,13 +91,18 @@ def request_approval(
     if expires_at is not None and expires_at <= timezone.now():
         raise InvalidApproval("`expires_at` must be in the future.", detail={"field": "expires_at"})
     _check_json(args, "args")
+    with transaction.atomic():
+        fencing.hold(fence, thread_id=thread.pk)
+        return _file(ApprovalRequest(thread=thread, checkpoint=checkpoint, action=action, args=args, message=message,
+                                     risk=risk, expires_at=expires_at))  # fmt: skip
+
+
+def _file(approval: ApprovalRequest) -> ApprovalRequest:
+    """Save a new request and set its thread waiting, with the event, in one transaction."""
+    thread = approval.thread
     try:
         with transaction.atomic():
-            fencing.hold(fence, thread_id=thread.pk)
-            approval = ApprovalRequest.objects.create(
-                thread=thread, checkpoint=checkpoint, action=action, args=args, message=message, risk=risk,
-                expires_at=expires_at,
-            )  # fmt: skip
+            approval.save(force_insert=True)
             # The row lock this takes orders the request with a cancellation of the thread.
             waiting = Thread.objects.filter(pk=thread.pk).exclude(status=ThreadStatus.CANCELLED)
             if not waiting.update(status=ThreadStatus.WAITING_FOR_APPROVAL):
@@ -182,21 +187,11 @@ def file_in_doubt(*, call: ToolCall, checkpoint: Checkpoint, fence: Fence | None
     message = (
         f"{call.tool} was started at {started} by {attempt}, which stopped before recording a result. Did it happen?"
     )
-    try:
-        with transaction.atomic():
-            if not tool_calls.mark_in_doubt(call=call, fence=fence):
-                return None
-            approval = ApprovalRequest.objects.create(
-                thread=thread, checkpoint=checkpoint, kind=ApprovalKind.IN_DOUBT, tool_call=call, action=call.tool,
-                args=call.args, message=message, risk=Risk.HIGH,
-            )  # fmt: skip
-            waiting = Thread.objects.filter(pk=thread.pk).exclude(status=ThreadStatus.CANCELLED)
-            if not waiting.update(status=ThreadStatus.WAITING_FOR_APPROVAL):
-                raise ThreadCancelled(f"Thread {thread.pk} was cancelled; it takes no in-doubt items.")
-            record_event(thread=thread, type="approval.requested", data=_summary(approval))
-    except IntegrityError:
-        raise ApprovalPending(f"Thread {thread.pk} already waits on a decision.") from None
-    return approval
+    with transaction.atomic():
+        if not tool_calls.mark_in_doubt(call=call, fence=fence):
+            return None
+        return _file(ApprovalRequest(thread=thread, checkpoint=checkpoint, kind=ApprovalKind.IN_DOUBT, tool_call=call,
+                                     action=call.tool, args=call.args, message=message, risk=Risk.HIGH))  # fmt: skip
 
 
 _UNSET: Any = object()

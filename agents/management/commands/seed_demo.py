@@ -6,15 +6,18 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from agents.demo import CodeReviewAgent, MigrationAgent, TravelAgent
+from agents import tool_calls
+from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent
 from agents.runtime import start_thread
 from agents.worker import Worker
+from checkpoints.models import Checkpoint, Thread
 
 
 class Command(BaseCommand):
     help = (
-        "Create the demo threads (travel waiting for approval, a finished code review, a migration that "
-        "failed at step 20) and drive their runs in this process. Safe to run again: existing demo threads stay."
+        "Create the demo threads (travel waiting for approval, a finished code review, a code review whose "
+        "worker died while posting a review, a migration that failed at step 20) and drive their runs in this "
+        "process. Safe to run again: existing demo threads stay."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -26,6 +29,7 @@ class Command(BaseCommand):
             start_thread(agent_class=TravelAgent, external_id="demo-trip-lisbon", destination="LIS", price_jump=True),
             start_thread(agent_class=CodeReviewAgent, external_id="demo-review-shop", repository="acme/shop"),
             start_thread(agent_class=MigrationAgent, external_id="demo-migration-orders"),
+            _review_whose_worker_died(),
         ]
         self.stdout.write(f"Demo threads: {', '.join(thread.external_id or str(thread.pk) for thread in started)}")
         if options["no_run"]:
@@ -34,4 +38,19 @@ class Command(BaseCommand):
         driven = 0
         while worker.run_once():
             driven += 1
-        self.stdout.write(f"Drove {driven} run(s); the travel threads now wait for approval in the inbox.")
+        self.stdout.write(
+            f"Drove {driven} run(s); the travel threads wait for approval in the inbox, beside a review "
+            "that may or may not have been posted."
+        )
+
+
+def _review_whose_worker_died() -> Thread:
+    """A code review whose first review was started by a worker that died before recording whether it
+    was posted: the intent such a worker leaves behind. Its run finds the call in doubt and asks."""
+    thread = start_thread(agent_class=CodeReviewAgent, external_id="demo-review-crashed", repository="acme/shop")
+    start = Checkpoint.objects.filter(thread=thread).order_by("seq").first()
+    if start is not None and not thread.tool_calls.exists():
+        key = tool_calls.call_key(thread_id=thread.pk, checkpoint_id=start.pk, position=0)
+        tool_calls.begin(thread_id=thread.pk, key=key, tool="review_file",
+                         args={"repository": "acme/shop", "path": FILES[0]})  # fmt: skip
+    return thread

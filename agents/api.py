@@ -183,7 +183,7 @@ class ToolCallIntentSerializer(StrictSerializer):
 
 
 class ToolCallResultSerializer(StrictSerializer):
-    result = serializers.JSONField()
+    result = serializers.JSONField(allow_null=True)  # a tool that returns nothing (None) did something too
     fence = FenceField()
 
 
@@ -222,9 +222,8 @@ class ToolCallView(APIView):
                                  idempotent=data["idempotent"], fence=data["fence"])  # fmt: skip
         if begun.outcome is tool_calls.Outcome.IN_DOUBT:
             raise self._in_doubt(thread, begun.call, data["fence"])
-        proceed = begun.outcome is tool_calls.Outcome.RUN
-        body = {**tool_call_data(begun.call), "proceed": proceed}
-        created = proceed and begun.call.starts == 1
+        body = {**tool_call_data(begun.call), "proceed": begun.outcome is tool_calls.Outcome.RUN}
+        created = begun.recorded and begun.call.starts == 1
         return Response(body, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
     @staticmethod

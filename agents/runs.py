@@ -137,20 +137,28 @@ class RunNotifications:
         self._connection: psycopg.Connection[Any] | None = None
 
     def __enter__(self) -> RunNotifications:
-        self._connection = psycopg.connect(self._conninfo, autocommit=True)
-        self._connection.execute(f"LISTEN {CHANNEL}")
+        self._open()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _open(self) -> psycopg.Connection[Any]:
+        if self._connection is None or self._connection.closed:
+            self._connection = psycopg.connect(self._conninfo, autocommit=True)
+            self._connection.execute(f"LISTEN {CHANNEL}")
+        return self._connection
+
+    def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
 
     def wait(self, timeout: float) -> bool:
-        """Block until a run is queued or `timeout` seconds pass; True when woken by a notification."""
-        assert self._connection is not None, "use RunNotifications as a context manager"
+        """Block until a run is queued or `timeout` seconds pass; True when woken by a notification.
+        Opens the connection again if it was closed (after a psycopg.Error, say)."""
         woken = False
-        for _ in self._connection.notifies(timeout=timeout, stop_after=1):
+        for _ in self._open().notifies(timeout=timeout, stop_after=1):
             woken = True
         return woken
 

@@ -290,16 +290,26 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
                   lease_held=lease_held or (lambda: True))  # fmt: skip
     # The step a decision resumes began at the checkpoint before the one that waited for it:
     # its calls keep the keys they had when it first ran.
-    resumed_from = start.parent_id if start.status == CheckpointStatus.WAITING_FOR_APPROVAL else start.pk
+    waited = start.status == CheckpointStatus.WAITING_FOR_APPROVAL
+    resumed_from = start.parent_id if waited else start.pk
+    approval = None
     if run.approval_id and start.pk == run.checkpoint_id:
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
-        if approval.kind == ApprovalKind.APPROVAL:
-            # A fork may carry a decision to its new branch: an admin bound it there on purpose.
-            if run.reason == RunReason.APPROVAL and approval.checkpoint_id != start.pk:
-                return _refuse(ctx, run, f"Run {run.pk} resumes checkpoint {start.pk}, but its decision was made "
-                                         f"at checkpoint {approval.checkpoint_id}; not acting on it.")  # fmt: skip
-            ctx.decision = decision_for(approval)
-            ctx._decided_call = (approval.action, tool_key(approval.action, approval.args))
+        # A fork may carry a decision to its new branch: an admin bound it there on purpose.
+        if (
+            approval.kind == ApprovalKind.APPROVAL
+            and run.reason == RunReason.APPROVAL
+            and approval.checkpoint_id != start.pk
+        ):
+            return _refuse(ctx, run, f"Run {run.pk} resumes checkpoint {start.pk}, but its decision was made "
+                                     f"at checkpoint {approval.checkpoint_id}; not acting on it.")  # fmt: skip
+    if waited and (approval is None or approval.kind != ApprovalKind.APPROVAL):
+        # Resuming a step that a decision had resumed before (a call in it was then in doubt, or
+        # its attempt died): it gets the decision made at this checkpoint again.
+        approval = _decision_at(start)
+    if approval is not None and approval.kind == ApprovalKind.APPROVAL:
+        ctx.decision = decision_for(approval)
+        ctx._decided_call = (approval.action, tool_key(approval.action, approval.args))
 
     try:
         for number in range(max_steps):
@@ -317,15 +327,19 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
                 _suspend(ctx, needed)
                 return "suspended"
             except _InDoubt as doubt:
-                from approvals.services import file_in_doubt
+                from approvals.services import ThreadCancelled, file_in_doubt
 
-                file_in_doubt(call=doubt.call, checkpoint=Checkpoint.objects.defer("payload").get(pk=ctx.head),
-                              fence=fence)  # fmt: skip
+                try:
+                    file_in_doubt(call=doubt.call, checkpoint=Checkpoint.objects.defer("payload").get(pk=ctx.head),
+                                  fence=fence)  # fmt: skip
+                except ThreadCancelled:
+                    log.info("run %s stops: thread %s was cancelled", run.pk, thread.pk)
+                    return "cancelled"
                 log.warning("run %s stops: call %s (%s) is in doubt", run.pk, doubt.call.key[:12], doubt.call.tool)
                 return "suspended"
             except LeaseLost:
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:  # a tool calling sys.exit() fails its step, not the worker
                 log.exception("agent %s failed in thread %s", agent.name, thread.pk)
                 result = Fail(reason=f"{type(exc).__name__}: {exc}")
             if Thread.objects.filter(pk=thread.pk, status=ThreadStatus.CANCELLED).exists():
@@ -345,6 +359,20 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
         log.warning("run %s: attempt %s lost its lease; it stops here", run.pk, run.attempts)
         return "lease_lost"
     raise RuntimeError(f"{agent.name} did not finish within {max_steps} steps")
+
+
+def _decision_at(checkpoint: Checkpoint) -> ApprovalRequest | None:
+    """The decided approval that a checkpoint waited for, if it was decided."""
+    return (
+        ApprovalRequest.objects.select_related("decided_by")
+        .filter(
+            checkpoint=checkpoint,
+            kind=ApprovalKind.APPROVAL,
+            status__in=[ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED],
+        )
+        .order_by("-decided_at")
+        .first()
+    )
 
 
 def _refuse(ctx: Context, run: Run, reason: str) -> str:

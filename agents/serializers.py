@@ -10,7 +10,9 @@ from agents.models import ToolCall, ToolCallState
 
 
 def tool_call_data(call: ToolCall) -> dict[str, Any]:
-    """A logged call as the API returns it, alone or inside an in-doubt approval: `result` once done."""
+    """A logged call as the API returns it, alone or inside an in-doubt approval: `result` once done;
+    `unreadable` says why its sealed values do not open, if they do not."""
+    unreadable = call.unreadable
     return {
         "key": call.key,
         "tool": call.tool,
@@ -21,7 +23,8 @@ def tool_call_data(call: ToolCall) -> dict[str, Any]:
         "starts": call.starts,
         "started_at": call.started_at.isoformat(),
         "finished_at": call.finished_at.isoformat() if call.finished_at else None,
-        "result": call.result if call.state == ToolCallState.DONE else None,
+        "result": call.result if call.state == ToolCallState.DONE and not unreadable else None,
+        "unreadable": unreadable or None,
     }
 
 
@@ -38,3 +41,4 @@ class ToolCallSchemaSerializer(serializers.Serializer[Any]):
     started_at = serializers.DateTimeField()
     finished_at = serializers.DateTimeField(allow_null=True)
     result = serializers.JSONField(allow_null=True)
+    unreadable = serializers.CharField(allow_null=True, help_text="Why the sealed args or result do not open.")

@@ -61,6 +61,7 @@ class Outcome(Enum):
 class Begun:
     outcome: Outcome
     call: ToolCall
+    recorded: bool = False  # this call wrote the intent (not a retry of one already written)
 
 
 def call_key(*, thread_id: UUID, checkpoint_id: UUID | None, position: int) -> str:
@@ -143,7 +144,7 @@ def begin(
         call = ToolCall(id=inserted[0], thread_id=thread_id, key=key, tool=tool, args_digest=digest,
                         idempotent=idempotent, state=ToolCallState.PENDING, attempt=fence.attempt if fence else None,
                         run_id=fence.run_id if fence else None, started_at=now)  # fmt: skip
-        return Begun(Outcome.RUN, call)
+        return Begun(Outcome.RUN, call, recorded=True)
     found = ToolCall.objects.filter(thread_id=thread_id, key=key).first()
     if found is None:
         # Nothing under the key and nothing written: the fence refused the intent.
@@ -176,7 +177,7 @@ def begin(
         # Another attempt restarted it first.
         return begin(thread_id=thread_id, key=key, tool=tool, args=args, idempotent=idempotent, fence=fence)
     call.refresh_from_db()
-    return Begun(Outcome.RUN, call)
+    return Begun(Outcome.RUN, call, recorded=True)
 
 
 _RESULT_SQL = f"""
@@ -203,12 +204,15 @@ def finish(*, thread_id: UUID, key: str, result: Any, fence: Fence | None = None
         cursor.execute(_RESULT_SQL, params)
         written = cursor.fetchone()
     if written is None:
-        call = ToolCall.objects.filter(thread_id=thread_id, key=key).first()
-        if call is not None and call.state == ToolCallState.DONE and fence is None:
-            return call.result  # recorded already (a retried request): the first result stands
-        if fence is not None:
+        if fence is not None and not fencing.holds(fence, thread_id=thread_id):
             raise fence.lost(thread_id=thread_id)
-        raise InvalidState(f"No call under '{key}' waits for a result in thread {thread_id}.",
+        call = ToolCall.objects.filter(thread_id=thread_id, key=key).first()
+        same_attempt = call is not None and (call.run_id, call.attempt) == (
+            (fence.run_id, fence.attempt) if fence else (None, None)
+        )
+        if call is not None and call.state == ToolCallState.DONE and (same_attempt or fence is None):
+            return call.result  # recorded already (a retried request): the first result stands
+        raise InvalidState(f"No call under '{key}' waits for a result from this attempt in thread {thread_id}.",
                            detail={"field": "key"})  # fmt: skip
     return codec.loads(canonical)
 

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+import psycopg
 from django.conf import settings
 from django.db import close_old_connections, connections
 
@@ -106,7 +107,17 @@ class Worker:
                     worked = False
                 if not worked:
                     close_old_connections()
-                    notifications.wait(self.poll_seconds)
+                    self._wait(notifications)
+
+    def _wait(self, notifications: RunNotifications) -> None:
+        """Wait for a run to be queued, or the poll interval. A LISTEN connection that broke (a
+        restart or failover of PostgreSQL, an idle-connection reaper) is opened again next time."""
+        try:
+            notifications.wait(self.poll_seconds)
+        except psycopg.Error as exc:
+            log.warning("worker %s: the LISTEN connection broke (%s); polling until it is back", self.name, exc)
+            notifications.close()
+            self.stopping.wait(self.poll_seconds)
 
     def run_once(self) -> bool:
         """Expire overdue approvals, then claim and drive one run; False when there was none."""
@@ -118,7 +129,7 @@ class Worker:
         beat.start()
         try:
             outcome = runtime.execute(run, lease_held=beat.held)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # whatever a run raises ends the run, not the worker
             log.exception("run %s crashed", run.pk)
             beat.stopped.set()
             self._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")

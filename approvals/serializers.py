@@ -96,7 +96,7 @@ class DecisionSerializer(StrictSerializer):
     )
     comment = serializers.CharField(required=False, allow_blank=True, default="", max_length=10_000)
     args = serializers.JSONField(required=False, default=None, help_text="Edited args (approve only).")
-    result = serializers.JSONField(required=False, help_text="The call's result (happened only).")
+    result = serializers.JSONField(required=False, allow_null=True, help_text="The call's result (happened only).")
 
 
 class ApprovalListQuerySerializer(serializers.Serializer[Any]):

@@ -190,8 +190,10 @@ def file_in_doubt(*, call: ToolCall, checkpoint: Checkpoint, fence: Fence | None
     with transaction.atomic():
         if not tool_calls.mark_in_doubt(call=call, fence=fence):
             return None
+        # The person still has to answer a call whose arguments no longer open; the item says why.
+        args = {"unreadable": call.unreadable} if call.unreadable else call.args
         return _file(ApprovalRequest(thread=thread, checkpoint=checkpoint, kind=ApprovalKind.IN_DOUBT, tool_call=call,
-                                     action=call.tool, args=call.args, message=message, risk=Risk.HIGH))  # fmt: skip
+                                     action=call.tool, args=args, message=message, risk=Risk.HIGH))  # fmt: skip
 
 
 _UNSET: Any = object()

@@ -115,7 +115,8 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
             errors[field] = exc.detail.get("errors") or [{"path": "", "message": exc.message}]
         except DomainError as exc:  # already decided, expired, the thread cancelled...
             errors["decision"] = [{"path": "", "message": exc.message}]
-        approval.refresh_from_db()
+        # Read again, not refresh_from_db(): that would open sealed values that may not open.
+        approval = _approvals(request.user).get(pk=approval.pk)
     context = {
         "nav": "inbox",
         "approval": approval,

@@ -237,7 +237,7 @@ class ToolResultSerializer(serializers.ModelSerializer[ToolResult]):
 
 
 class ToolResultPutSerializer(StrictSerializer):
-    result = serializers.JSONField()
+    result = serializers.JSONField(allow_null=True)
     tool = serializers.CharField(required=False, allow_blank=True, max_length=200)
     checkpoint = serializers.UUIDField(required=False, allow_null=True)
 

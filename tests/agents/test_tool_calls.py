@@ -21,12 +21,13 @@ from agents.fencing import Fence, LeaseLost
 from agents.keys import get_or_create_agent
 from agents.models import Agent as AgentRecord
 from agents.models import Run, RunStatus, ToolCall, ToolCallState
-from agents.runs import claim_run
+from agents.runs import CHANNEL, RunNotifications, claim_run
 from agents.runtime import Agent, Context, Continue, Done, StepResult, register, start_thread
 from agents.worker import Worker
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from approvals.services import decide, request_approval
 from checkpoints import crypto, store
+from checkpoints.errors import InvalidState
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from tests.conftest import person, signed_in
 from tests.processes import database_url
@@ -332,8 +333,125 @@ def test_an_unreadable_approval_shows_as_unreadable_and_everything_else_works(re
     assert page.status_code == 200 and str(broken.pk).encode() in page.content and b"do not open" in page.content
     refused = decide_over_api(reviewer, broken, {"decision": "approve"})
     assert refused.status_code == 422 and refused.json()["error"]["detail"]["field"] == "args"
+    posted = browser.post(f"/inbox/{broken.pk}/", {"decision": "approve"})
+    assert posted.status_code == 400 and b"cannot be decided" in posted.content
     assert browser.get(f"/inbox/{fine.pk}/").status_code == 200
 
 
 def mail_agent() -> AgentRecord:
     return get_or_create_agent(name=MailAgent.name)
+
+
+def first_pay_key(thread: Thread) -> str:
+    """The key of the pay call in the step that asked for approval (it began at the checkpoint before)."""
+    waiting = ApprovalRequest.objects.get(thread=thread, kind=ApprovalKind.APPROVAL).checkpoint
+    assert waiting.parent_id is not None
+    return tool_calls.call_key(thread_id=thread.pk, checkpoint_id=waiting.parent_id, position=0)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("answer", ["happened", "not_happened"])
+def test_a_call_after_an_approval_that_went_in_doubt_is_not_repeated_under_another_key(
+    reviewer: User, answer: str
+) -> None:
+    thread = start_thread(agent_class=PayAgent, external_id=f"pay-doubt-{answer}")
+    drain()
+    decide(approval=ApprovalRequest.objects.get(thread=thread), user=reviewer, decision="approve")
+    key = first_pay_key(thread)
+    # The resumed attempt recorded its intent to pay and died before recording whether it paid.
+    tool_calls.begin(thread_id=thread.pk, key=key, tool="pay", args={"cents": 100})
+    drain()
+    item = ApprovalRequest.objects.get(thread=thread, kind=ApprovalKind.IN_DOUBT)
+    assert item.tool_call is not None and item.tool_call.key == key
+
+    body: dict[str, Any] = {"decision": answer} | ({"result": "paid by hand"} if answer == "happened" else {})
+    assert decide_over_api(reviewer, item, body).status_code == 200
+    drain()
+
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.COMPLETED
+    assert ApprovalRequest.objects.filter(thread=thread).count() == 2  # not asked to approve again
+    assert list(ToolCall.objects.filter(thread=thread).values_list("key", flat=True)) == [key]
+    if answer == "happened":
+        assert EFFECTS == [] and store.latest_state(thread=thread)[1]["paid"] == "paid by hand"
+    else:
+        assert EFFECTS == [("pay 100", "")]
+
+
+@pytest.mark.django_db
+def test_a_tool_that_returns_nothing_is_recorded_over_the_api(owner_client: APIClient, thread: Thread) -> None:
+    url = f"/api/v1/threads/{thread.pk}/tool-calls/notify-1/"
+    assert owner_client.put(url, {"tool": "notify", "args": {}}, format="json").status_code == 201
+    done = owner_client.put(url + "result/", {"result": None}, format="json")
+    assert done.status_code == 200 and (done.json()["state"], done.json()["result"]) == ("done", None)
+    replay = owner_client.put(url, {"tool": "notify", "args": {}}, format="json")
+    assert replay.status_code == 200 and replay.json()["proceed"] is False
+
+
+@pytest.mark.django_db
+def test_a_retried_result_of_the_same_attempt_gets_the_stored_result(db: Any) -> None:
+    thread = mail_thread()
+    run = claim_run(agents=[thread.agent], worker="w")
+    assert run is not None
+    fence = Fence(run.pk, run.attempts)
+    tool_calls.begin(thread_id=thread.pk, key="k", tool="send_email", args={}, fence=fence)
+    assert tool_calls.finish(thread_id=thread.pk, key="k", result={"id": 1}, fence=fence) == {"id": 1}
+    assert tool_calls.finish(thread_id=thread.pk, key="k", result={"id": 2}, fence=fence) == {"id": 1}
+    with pytest.raises(InvalidState):
+        tool_calls.finish(thread_id=thread.pk, key="never-begun", result=1, fence=fence)
+
+
+@pytest.mark.django_db
+def test_a_tool_that_exits_fails_its_thread_and_not_the_worker(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    def exits(args: dict[str, Any], idempotency_key: str) -> None:
+        raise SystemExit(3)
+
+    monkeypatch.setitem(globals(), "send", exits)
+    thread = mail_thread()
+    drain()
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.FAILED
+    assert Run.objects.get(thread=thread).status == RunStatus.FAILED  # the run ended with its agent failed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_broken_listen_connection_is_opened_again_and_the_worker_goes_on(db: Any) -> None:
+    worker = Worker(agent_names=[MailAgent.name], name="listener", poll_seconds=0.05)
+    with RunNotifications() as notifications:
+        worker._wait(notifications)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",
+                           [f"LISTEN {CHANNEL}"])  # fmt: skip
+        worker._wait(notifications)  # the broken connection: logged, closed
+        worker._wait(notifications)  # opened again
+        thread = mail_thread()  # queues a run: its NOTIFY reaches the new connection
+        assert notifications.wait(5) is True
+    assert thread.pk
+
+
+@pytest.mark.django_db
+def test_an_in_doubt_call_on_a_cancelled_thread_ends_the_run_as_cancelled(db: Any) -> None:
+    thread = mail_thread()
+    died_mid_call(thread)
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.CANCELLED)
+    drain()
+    assert Run.objects.get(thread=thread).status == RunStatus.CANCELLED
+    assert not ApprovalRequest.objects.filter(thread=thread).exists()
+
+
+@pytest.mark.django_db
+def test_a_call_whose_result_does_not_open_shows_as_unreadable_in_the_approvals_api(reviewer: User) -> None:
+    thread = mail_thread()
+    died_mid_call(thread)
+    drain()
+    item = ApprovalRequest.objects.get(thread=thread)
+    decide_over_api(reviewer, item, {"decision": "happened", "result": {"sent_to": "by hand"}})
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE agents_toolcall SET result = set_byte(result, 20, get_byte(result, 20) # 1)"
+                       " WHERE thread_id = %s", [thread.pk])  # fmt: skip
+
+    listed = api_as(reviewer).get("/api/v1/approvals/?status=resolved")
+    assert listed.status_code == 200
+    (entry,) = listed.json()["results"]
+    assert entry["tool_call"]["result"] is None and entry["tool_call"]["unreadable"]
+    assert api_as(reviewer).get(f"/api/v1/approvals/{item.pk}/").status_code == 200

@@ -71,7 +71,7 @@ def test_an_admin_rewinds_a_failed_migration_fixes_the_batch_size_and_the_agent_
     assert tab.page.get_attribute("#fork-state", "aria-invalid") == "true"
     state["settings"]["batch_size"] = 500
     tab.page.fill("#fork-state", json.dumps(state, indent=2))
-    tab.page.wait_for_function("!document.getElementById('fork-state').hasAttribute('aria-invalid')")
+    tab.page.wait_for_function("() => !document.getElementById('fork-state').hasAttribute('aria-invalid')")
     tab.page.fill("#fork-reason", REASON)
     tab.page.check("#fork-resume")
     assert tab.page.get_attribute("#fork-branch", "placeholder") == "fork-1"

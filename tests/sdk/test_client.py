@@ -374,3 +374,17 @@ def test_make_patch_appends_with_dash_and_recurses_into_objects() -> None:
         {"op": "replace", "path": "/plan/nights", "value": 3},
     ]
     assert make_patch(base, base) == []
+
+
+@live
+def test_a_tool_that_returns_nothing_is_recorded_and_not_run_again(client: Client) -> None:
+    thread = client.thread(external_id="trip-16")
+    thread.checkpoint({"step": 1})
+    sent: list[str] = []
+
+    def notify(to: str) -> None:
+        sent.append(to)
+
+    assert thread.tool("notify", {"to": "ops"}, notify) is None
+    assert client.thread(external_id="trip-16").tool("notify", {"to": "ops"}, notify) is None
+    assert sent == ["ops"]

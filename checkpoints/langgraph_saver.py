@@ -16,16 +16,16 @@ Mapping:
   and `lg_metadata`, so `parent_config` survives pruning and the LangGraph tree is kept even
   where the Quicksave tree differs from it.
 - A put after a checkpoint this saver just wrote or read in the same (thread, namespace) is
-  written as a patch of what changed: channels whose value is the very object it held then are
-  left out, a list that still starts with the same items gets `add .../-` ops for the new ones
-  (operator.add and add_messages append so), and only the rest is encoded and diffed. Any doubt
-  (another writer's parent, a list edited in place, an unknown parent) writes the full state,
-  which the store diffs against the parent; both store the same state. Like LangGraph's own
-  savers, this trusts that a node returns updates instead of mutating a dict already in the
-  state: a message dict edited in place, inside a list that only grew, is not seen. For the
-  same reason a read of the checkpoint the saver just wrote or read hands out new lists of
-  the items it holds (when each list still holds exactly what was stored) rather than
-  decoding every message again.
+  written as a patch of what changed. The saver keeps a private copy of that checkpoint's
+  channel values (`Known`), which nobody else holds: channels LangGraph did not write (no new
+  version) are left out, a list whose first items are equal in value to the copy's gets
+  `add .../-` ops for the new ones (operator.add and add_messages append so), and only the
+  rest is encoded and diffed. Equality, not identity: a message taken from `get_state()`,
+  edited in place and sent back with `update_state()` differs from the copy and is stored.
+  Any doubt (another writer's parent, an unknown parent) writes the full state, which the
+  store diffs against the parent; both store the same state. A read of that checkpoint hands
+  out fresh copies of the private lists rather than decoding every message again, and every
+  read hands out objects no one else holds.
 - A put whose parent is the head of its Quicksave branch extends that branch. A put after an
   older checkpoint (time travel, `update_state` on a past step, two writers racing) opens a
   new branch at that checkpoint, which is what a fork in the dashboard does too. A put with
@@ -54,14 +54,16 @@ thread from the checkpoints that stay (a new Quicksave thread id, same external 
 from __future__ import annotations
 
 import base64
+import copy
 import functools
 import hashlib
 import math
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from operator import is_
+from operator import eq
 from typing import Any, ParamSpec, TypeVar, cast
 from uuid import UUID
 
@@ -165,26 +167,21 @@ def external_id_for(thread_id: str, checkpoint_ns: str) -> str:
 
 @dataclass(slots=True)
 class Known:
-    """A LangGraph checkpoint this saver just wrote or read, with the channel values LangGraph
-    holds for it: the next checkpoint after it is written as a patch of what changed."""
+    """A LangGraph checkpoint this saver just wrote or read, with a private copy of its channel
+    values: the next checkpoint after it is written as a patch of what changed."""
 
     thread: Thread
     lg_id: str
     row: UUID
-    values: dict[str, Any]  # the very objects LangGraph was given or gave, by channel
-    items: dict[str, tuple[Any, ...]]  # each list value's items as stored: an in-place edit shows
+    values: dict[str, Any]  # by channel: copies no one outside this saver holds (see _private)
     # The (LangGraph id, row) of the checkpoint this one was written after, whose pending writes
     # LangGraph may still be saving.
     previous: tuple[str, UUID] | None = None
 
     def lists(self) -> dict[str, list[Any]]:
-        """A new list per list channel still holding exactly the items it held when stored: a
-        read of this very checkpoint hands those out instead of decoding the stored copies."""
-        return {
-            name: list(value)
-            for name, value in self.values.items()
-            if type(value) is list and len(value) == len(items := self.items[name]) and all(map(is_, value, items))
-        }
+        """Fresh copies of the list channels: a read of this very checkpoint hands those out
+        instead of decoding the stored values again."""
+        return {name: _private(value) for name, value in self.values.items() if type(value) is list}
 
     def row_of(self, lg_id: str) -> UUID | None:
         if lg_id == self.lg_id:
@@ -259,6 +256,15 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     def _check_lease(self) -> None:
         if self.fence is not None and self._lease_held is not None and not self._lease_held():
             raise self.fence.lost()
+
+    def get_next_version(self, current: str | int | float | None, channel: None) -> Any:
+        """The version after `current`, in its form: an int after an int (1 to begin with), and
+        after a string the string InMemorySaver and PostgresSaver make, so a thread moved here
+        from one of them goes on with versions LangGraph can compare with the ones it has."""
+        # Any: LangGraph's version type variable allows one type per saver, this one keeps both.
+        if isinstance(current, str):
+            return f"{int(current.split('.')[0]) + 1:032}.{random.random():016}"
+        return 1 if current is None else current + 1
 
     # ------------------------------------------------------------------ encoding
 
@@ -366,10 +372,11 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         thread = (
             known.thread if known is not None and known.thread.pk == thread_pk else Thread.objects.get(pk=thread_pk)
         )
-        # The graph goes on from these very values: remember them, so the next put sees what it appended.
-        self._known.remember(
-            thread_id, checkpoint_ns, _known(thread, metadata["lg_id"], row, read.checkpoint["channel_values"])
-        )
+        # The graph goes on from these values: remember a copy of them, so the next put sees what changed.
+        if known is None or known.row != row or known.thread.pk != thread_pk:
+            held = {name: _private(value) for name, value in read.checkpoint["channel_values"].items()}
+            self._known.remember(thread_id, checkpoint_ns, Known(thread=thread, lg_id=metadata["lg_id"], row=row,
+                                                                 values=held))  # fmt: skip
         return read
 
     def list(
@@ -491,12 +498,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 written = self._put_state(*key, lg_parent, checkpoint, values, lg_metadata)
         finally:
             self._putting.discard((*key, lg_id))
-        thread, row = written
+        thread, row, held = written
         if row is None:
             self._known.forget(*key)
         else:
             previous = (known.lg_id, known.row) if known is not None and known.lg_id == lg_parent else None
-            self._known.remember(*key, _known(thread, lg_id, row, values, previous))
+            self._known.remember(*key, Known(thread=thread, lg_id=lg_id, row=row, values=held, previous=previous))
         # Under the lock, always: a put_writes() that looked for this row just before it committed
         # may be noting its interrupts right now, and must either be seen here or see the row.
         with self._unfiled_lock:
@@ -513,17 +520,19 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         checkpoint: LGCheckpoint,
         values: dict[str, Any],
         lg_metadata: dict[str, Any],
-    ) -> tuple[Thread, UUID | None]:
+    ) -> tuple[Thread, UUID | None, dict[str, Any]]:
         """Write the checkpoint's full state, which the store diffs against its parent's.
-        Returns the thread and the new row, None when the checkpoint was there already."""
+        Returns the thread, the new row (None when the checkpoint was there already) and a
+        private copy of the channel values."""
         thread = self._thread(thread_id, checkpoint_ns, create=True)
         assert thread is not None
         state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
         state["channel_values"] = {name: self._encode(value) for name, value in values.items()}
         if _with_lg_id(thread, checkpoint["id"]).exists():
-            return thread, None
+            return thread, None, {}
         row = self._append(thread, lg_id=checkpoint["id"], lg_parent=lg_parent, lg_metadata=lg_metadata, state=state)
-        return thread, row.pk if row is not None else None
+        held = {name: _private(value) for name, value in values.items()}
+        return thread, row.pk if row is not None else None, held
 
     def _put_patch(
         self,
@@ -532,11 +541,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any],
         new_versions: ChannelVersions,
         lg_metadata: dict[str, Any],
-    ) -> tuple[Thread, UUID | None] | None:
+    ) -> tuple[Thread, UUID | None, dict[str, Any]] | None:
         """Write the checkpoint after `known`, its parent, as a patch of what changed; None when
         the full state must be written instead."""
+        held: dict[str, Any] = {}
         try:
-            patch = self._patch(store.load_node(known.row).state, known, checkpoint, values, new_versions)
+            patch = self._patch(store.load_node(known.row).state, known, checkpoint, values, new_versions, held)
             row = self._append(
                 known.thread, lg_id=checkpoint["id"], lg_parent=known.lg_id, lg_metadata=lg_metadata, patch=patch,
                 parent=known.row,
@@ -545,7 +555,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             # The thread or the parent is gone (deleted, rebuilt elsewhere), or what this saver
             # remembers does not fit what is stored: the full-state path looks everything up again.
             return None
-        return known.thread, row.pk if row is not None else None
+        return known.thread, row.pk if row is not None else None, held
 
     def _patch(
         self,
@@ -554,8 +564,10 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         checkpoint: LGCheckpoint,
         values: dict[str, Any],
         new_versions: ChannelVersions,
+        held: dict[str, Any],
     ) -> Ops:
-        """RFC 6902 ops from the parent's stored state to the checkpoint's, encoding only what changed."""
+        """RFC 6902 ops from the parent's stored state to the checkpoint's, encoding only what
+        changed; fills `held` with the private copy of the checkpoint's channel values."""
         ops: Ops = []
         for key, value in checkpoint.items():
             if key != "channel_values":
@@ -564,31 +576,41 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         stored = parent.get("channel_values")
         if not isinstance(stored, dict):
             encoded = {name: self._encode(value) for name, value in values.items()}
+            held.update((name, _private(value)) for name, value in values.items())
             return [*ops, {"op": "add", "path": "/channel_values", "value": encoded}]
         ops += [
             {"op": "remove", "path": format_pointer(["channel_values", name])} for name in stored if name not in values
         ]
         for name, value in values.items():
-            ops += self._channel_ops(name, value, stored.get(name, MISSING), known, changed=name in new_versions)
+            channel_ops, held[name] = self._channel_ops(
+                name, value, stored.get(name, MISSING), known.values.get(name, MISSING), changed=name in new_versions
+            )
+            ops += channel_ops
         return ops
 
-    def _channel_ops(self, name: str, value: Any, stored: Any, known: Known, *, changed: bool) -> Ops:
-        """Ops turning a channel's stored value into `value`; O(change) when `value` is the
-        remembered object (unchanged) or that list with items appended."""
-        tokens = ["channel_values", name]
-        items = known.items.get(name)
-        if items is not None:
-            if (
-                type(value) is list
-                and type(stored) is list
-                and len(stored) == len(items) <= len(value)
-                and all(map(is_, items, value))
-            ):
-                end = format_pointer([*tokens, "-"])
-                return [{"op": "add", "path": end, "value": self._encode(item)} for item in value[len(items) :]]
-        elif not changed and stored is not MISSING and value is known.values.get(name, MISSING):
-            return []
-        return _member_ops(stored, self._encode(value), tokens)
+    def _channel_ops(self, name: str, value: Any, stored: Any, held: Any, *, changed: bool) -> tuple[Ops, Any]:
+        """Ops turning a channel's stored value into `value`, and the private copy of `value`.
+
+        O(change) when LangGraph did not write the channel, or when `value` is a list whose first
+        items equal those of `held` (the private copy of the parent's value) and the rest are new:
+        comparing is cheap next to encoding, and catches an item edited in place.
+        """
+        if not changed and stored is not MISSING and held is not MISSING:
+            return [], held
+        if (
+            type(value) is list
+            and type(held) is list
+            and type(stored) is list
+            and len(stored) == len(held) <= len(value)
+            and all(map(eq, value, held))
+        ):
+            end = format_pointer(["channel_values", name, "-"])
+            added = value[len(held) :]
+            return [{"op": "add", "path": end, "value": self._encode(item)} for item in added], [
+                *held,
+                *map(_private, added),
+            ]
+        return _member_ops(stored, self._encode(value), ["channel_values", name]), _private(value)
 
     def _append(
         self,
@@ -907,13 +929,17 @@ def _row_of(thread: Thread, lg_id: str) -> UUID | None:
     return next(iter(_with_lg_id(thread, lg_id).order_by().values_list("id", flat=True)[:1]), None)
 
 
-def _known(
-    thread: Thread, lg_id: str, row: UUID, values: dict[str, Any], previous: tuple[str, UUID] | None = None
-) -> Known:
-    return Known(
-        thread=thread, lg_id=lg_id, row=row, values=dict(values),
-        items={name: tuple(value) for name, value in values.items() if type(value) is list}, previous=previous,
-    )  # fmt: skip
+def _private(value: Any) -> Any:
+    """A copy of a channel value that shares nothing mutable with `value`: the saver's own, or one
+    to hand out. Plain JSON is copied by hand (most channel values are), anything else deeply."""
+    kind = type(value)
+    if kind in PLAIN:
+        return value
+    if kind is list:
+        return [item if type(item) in PLAIN else _private(item) for item in value]
+    if kind is dict:
+        return {key: item if type(item) in PLAIN else _private(item) for key, item in value.items()}
+    return copy.deepcopy(value)
 
 
 def _member_ops(stored: Any, value: Any, tokens: list[str]) -> Ops:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import operator
+import os
+import subprocess
+import sys
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -24,6 +27,7 @@ from checkpoints import store
 from checkpoints.langgraph_saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ToolResult
 from tests.conftest import message
+from tests.processes import ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -348,3 +352,74 @@ def test_writes_for_a_thread_deleted_behind_the_savers_back_go_to_the_thread_mad
     remade = quicksave_thread("deleted-meanwhile")
     assert ToolResult.objects.filter(thread=remade).count() == 1
     assert written is None  # its checkpoint went with the deleted thread
+
+
+class ToolChatState(TypedDict):
+    messages: Annotated[list[Any], add_messages]
+
+
+def propose_a_tool_call(state: ToolChatState) -> dict[str, Any]:
+    call = {"name": "book", "args": {"city": "Rome"}, "id": "call-1", "type": "tool_call"}
+    return {"messages": [AIMessage(content="", tool_calls=[call], id="ai-1")]}
+
+
+def read_in_a_fresh_process(thread_id: str) -> Any:
+    """The graph's state as another process reads it, with its own saver and no caches."""
+    script = (
+        "import json, django; django.setup()\n"
+        "from checkpoints.langgraph_saver import QuicksaveSaver\n"
+        f"found = QuicksaveSaver().get_tuple({{'configurable': {{'thread_id': {thread_id!r}}}}})\n"
+        "print(json.dumps([getattr(m, 'tool_calls', []) for m in found.checkpoint['channel_values']['messages']]))\n"
+    )
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "quicksave.settings"}
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_message_edited_in_place_and_sent_back_with_update_state_is_stored() -> None:
+    graph = one_node_graph(ToolChatState, propose_a_tool_call, QuicksaveSaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "edit-in-place"}}
+    graph.invoke({"messages": [HumanMessage(content="Book me a hotel", id="human-1")]}, config)
+
+    # The usual human-in-the-loop edit: take the message, change it, send it back.
+    proposed = graph.get_state(config).values["messages"][-1]
+    proposed.tool_calls[0]["args"]["city"] = "Oslo"
+    graph.update_state(config, {"messages": [proposed]})
+
+    assert graph.get_state(config).values["messages"][-1].tool_calls[0]["args"] == {"city": "Oslo"}
+    calls = read_in_a_fresh_process("edit-in-place")
+    assert calls[-1][0]["args"] == {"city": "Oslo"}
+
+
+SHARED_REPLY: dict[str, Any] = {}
+
+
+def reply_with_the_shared_object(state: ChatState) -> dict[str, Any]:
+    # A scripted model that hands every caller the very same object, as test doubles do.
+    return {"messages": [SHARED_REPLY]}
+
+
+def test_objects_given_to_or_handed_out_by_the_saver_are_shared_with_no_one() -> None:
+    SHARED_REPLY.clear()
+    SHARED_REPLY.update({"role": "assistant", "content": "first", "args": {"city": "Rome"}})
+    graph = one_node_graph(ChatState, reply_with_the_shared_object, QuicksaveSaver())
+    first: RunnableConfig = {"configurable": {"thread_id": "shared-1"}}
+    second: RunnableConfig = {"configurable": {"thread_id": "shared-2"}}
+    graph.invoke({"messages": [user("hi")]}, first)
+
+    # The caller goes on changing the object it handed over: the first thread keeps what it stored.
+    SHARED_REPLY["args"]["city"] = "Oslo"
+    graph.invoke({"messages": [user("hi")]}, second)
+    assert graph.get_state(first).values["messages"][-1]["args"] == {"city": "Rome"}
+    assert graph.get_state(second).values["messages"][-1]["args"] == {"city": "Oslo"}
+
+    # Two reads hand out two copies: changing one changes neither the other nor what is stored.
+    read = graph.get_state(first).values["messages"]
+    read[-1]["args"]["city"] = "Paris"
+    read.append(user("sneaked in"))
+    again = graph.get_state(first).values["messages"]
+    assert again[-1]["args"] == {"city": "Rome"} and len(again) == 2
+    graph.invoke({"messages": [user("more")]}, first)
+    assert [m["content"] for m in graph.get_state(first).values["messages"]] == ["hi", "first", "more", "first"]
+    assert graph.get_state(first).values["messages"][1]["args"] == {"city": "Rome"}

@@ -11,13 +11,16 @@ from checkpoints import retention
 
 
 class ProgressBar:
-    """`[#####-----]  50% 5/10 threads` on a terminal, redrawn in place; elsewhere (a log, a pipe)
-    one line per tenth of the way, so a scheduled run's log stays short."""
+    """`prune [#####-----]  50% 5/10 threads` on a terminal, redrawn in place; elsewhere (a log, a
+    pipe) one line per tenth of the way, so a scheduled run's log stays short. Other commands
+    (import_langgraph) name their own `label` and `unit`."""
 
     WIDTH = 30
 
-    def __init__(self, stream: OutputWrapper) -> None:
+    def __init__(self, stream: OutputWrapper, *, label: str = "prune", unit: str = "threads") -> None:
         self.stream = stream
+        self.label = label
+        self.unit = unit
         self.tty = stream.isatty()
         self.shown = -1
 
@@ -28,7 +31,7 @@ class ProgressBar:
         self.shown = tenth
         filled = self.WIDTH if total == 0 else done * self.WIDTH // total
         percent = 100 if total == 0 else done * 100 // total
-        line = f"prune [{'#' * filled}{'-' * (self.WIDTH - filled)}] {percent:3d}% {done}/{total} threads"
+        line = f"{self.label} [{'#' * filled}{'-' * (self.WIDTH - filled)}] {percent:3d}% {done}/{total} {self.unit}"
         finished = done >= total
         if self.tty:
             self.stream.write(f"\r{line}", ending="\n" if finished else "")

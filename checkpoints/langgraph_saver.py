@@ -49,6 +49,11 @@ writes while the checkpoint's own put is still running; then the put files them.
 Deleting (`delete_thread`, `prune`, `delete_for_runs`) removes whole Quicksave threads:
 checkpoints are immutable links in an integrity chain, so removing some of them rebuilds the
 thread from the checkpoints that stay (a new Quicksave thread id, same external id).
+
+A LangGraph `DeltaChannel` stores a value only every so many updates; in between, its value
+is rebuilt from the pending writes of the checkpoints before (`get_delta_channel_history`).
+So `prune` keeps the latest checkpoint's ancestors back to the one each such channel is
+rebuilt from, and `copy_thread` copies every checkpoint with its writes.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ import math
 import random
 import threading
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from operator import eq
 from typing import Any, ParamSpec, TypeVar, cast
@@ -80,8 +85,11 @@ from langgraph.checkpoint.base import (
     ChannelVersions,
     CheckpointMetadata,
     CheckpointTuple,
+    DeltaChannelHistory,
+    PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
+    writes_sort_key,
 )
 from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -106,6 +114,8 @@ StoredRows = list[tuple[Checkpoint, dict[str, Any], list[ToolResult]]]
 Tuples = list[CheckpointTuple]
 Ops = list[dict[str, Any]]  # RFC 6902
 EncodedWrites = list[tuple[str, Any]]  # (channel, JSON-safe value)
+Walked = list[tuple[UUID, str, frozenset[str]]]  # (row, LangGraph id, channels) per ancestor
+Rows = list[UUID]
 
 TYPED = "__lg_typed__"
 # The tool name of the tool-result rows that hold pending writes.
@@ -786,17 +796,85 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     @_borrowing_connection
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """Keep only each namespace's latest checkpoint (`keep_latest`) or delete the threads (`delete`)."""
+        """Keep only each namespace's latest checkpoint (`keep_latest`), with the ancestors its
+        DeltaChannels are rebuilt from, or delete the threads (`delete`)."""
         if strategy not in ("keep_latest", "delete"):
             raise ValueError(f"Unknown prune strategy {strategy!r}; use 'keep_latest' or 'delete'.")
         for thread_id in thread_ids:
             self._known.forget(str(thread_id))
             for thread in self._threads(thread_id, None):
-                latest = _by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("id", flat=True).first()
+                latest = _by_lg_id(Checkpoint.objects.filter(thread=thread)).only("id", "metadata").first()
                 if strategy == "delete" or latest is None:
                     _delete(thread)
                 else:
-                    self._rebuild(thread, keep={latest})
+                    self._rebuild(thread, keep={latest.pk, *self._delta_sources(thread, latest)})
+
+    def _delta_sources(self, thread: Thread, latest: Checkpoint) -> Rows:
+        """The rows a checkpoint's DeltaChannels are rebuilt from: its LangGraph ancestors back
+        to the nearest one storing a value for each. LangGraph names the channels that have
+        taken updates since their last stored value in `counters_since_delta_snapshot`."""
+        counters = latest.metadata.get("lg_metadata", {}).get("counters_since_delta_snapshot")
+        if not isinstance(counters, dict):
+            return []
+        state = store.load_node(latest.pk).state
+        versions, values = state.get("channel_versions", {}), state.get("channel_values", {})
+        channels = [name for name in counters if name in versions and name not in values]
+        if not channels:
+            return []
+        walked, _ = self._delta_walk(thread, latest.metadata["lg_id"], channels)
+        return [row for row, _, _ in walked]
+
+    # ------------------------------------------------------------------ delta channels
+
+    @_borrowing_connection
+    def get_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        """What each channel's value at a checkpoint is rebuilt from, for LangGraph's DeltaChannel,
+        which stores a value only now and then: the value stored at the nearest LangGraph ancestor
+        that has one (`seed`, left out when none has) and the channel's pending writes of the
+        ancestors from that one on, oldest first, each checkpoint's in the order a superstep
+        applies them. The checkpoint's own writes (for its next step) are not part of it."""
+        if not channels:
+            return {}
+        configurable = config["configurable"]
+        thread = self._thread(str(configurable["thread_id"]), configurable.get("checkpoint_ns", ""))
+        found: dict[str, list[PendingWrite]] = {name: [] for name in channels}
+        walked, seeds = self._delta_walk(thread, get_checkpoint_id(config), channels) if thread else ([], {})
+        if thread is not None and walked:
+            tools = [write_tool(lg_id) for _, lg_id, _ in walked]
+            stored = ToolResult.objects.filter(thread=thread, tool__in=tools).order_by("created_at", "id")
+            writes = _latest_writes(result.result for result in stored)
+            for _, lg_id, wanted in reversed(walked):
+                for write in writes.get(lg_id, []):
+                    if (channel := write["channel"]) in wanted:
+                        found[channel].append((write["task_id"], channel, self._decode(write["value"])))
+        history: dict[str, DeltaChannelHistory] = {}
+        for name in channels:
+            history[name] = {"writes": found[name]}
+            if name in seeds:
+                history[name]["seed"] = self._decode(seeds[name])
+        return history
+
+    def _delta_walk(self, thread: Thread, lg_id: str | None, channels: Iterable[str]) -> tuple[Walked, dict[str, Any]]:
+        """Walk the LangGraph ancestors of a checkpoint (the thread's latest when `lg_id` is None),
+        parent first, until each channel has met one storing a value for it. Returns the
+        ancestors walked as (row, LangGraph id, the channels whose writes there count) and the
+        stored (encoded) value each channel stopped at."""
+        if lg_id is None:
+            lg_id = _by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("_lg_order", flat=True).first()
+        remaining, walked, seeds = set(channels), Walked(), {}
+        for row, ancestor in _ancestors(thread, lg_id) if lg_id else ():
+            if not remaining:
+                break
+            # The ancestor's own writes led to the next checkpoint on the path: they count even
+            # where its stored value ends the walk.
+            walked.append((row, ancestor, frozenset(remaining)))
+            values = store.load_node(row).state.get("channel_values") or {}
+            for name in [name for name in remaining if name in values]:
+                seeds[name] = values[name]
+                remaining.discard(name)
+        return walked, seeds
 
     def _rebuild(self, thread: Thread, *, keep: set[UUID]) -> None:
         """Replace a thread by one holding only the checkpoints in `keep` (and their writes)."""
@@ -879,6 +957,11 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         await database_sync_to_async(self.prune)(thread_ids, strategy=strategy)
 
+    async def aget_delta_channel_history(
+        self, *, config: RunnableConfig, channels: Sequence[str]
+    ) -> Mapping[str, DeltaChannelHistory]:
+        return await database_sync_to_async(self.get_delta_channel_history)(config=config, channels=channels)
+
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
@@ -907,15 +990,65 @@ def _with_lg_id(thread: Thread, lg_id: str) -> QuerySet[Checkpoint]:
 
 
 def _pending(results: Iterable[dict[str, Any]], decode: Callable[[Any], Any]) -> PendingWrites:
-    """Pending writes per LangGraph checkpoint id from their rows' results, oldest first; the
-    newest row wins per (task, index)."""
+    """Pending writes per LangGraph checkpoint id from their rows' results, oldest rows first."""
+    return {
+        lg_id: [(w["task_id"], w["channel"], decode(w["value"])) for w in found]
+        for lg_id, found in _latest_writes(results).items()
+    }
+
+
+def _latest_writes(results: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """The stored writes per LangGraph checkpoint id from their rows' results, oldest rows first:
+    the newest row wins per (task, index), and each checkpoint's come in the order a superstep
+    applies them (LangGraph's `writes_sort_key`), which a DeltaChannel is rebuilt in."""
     latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
     for result in results:
         latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
     return {
-        lg_id: [(w["task_id"], w["channel"], decode(w["value"])) for _, w in sorted(found.items())]
+        lg_id: sorted(found.values(), key=lambda w: writes_sort_key(w.get("task_path", ""), w["task_id"], w["idx"]))
         for lg_id, found in latest.items()
     }
+
+
+# A checkpoint's LangGraph ancestors, from the checkpoint itself, up to `depth` parents: each row is
+# found by thread and LangGraph id through the checkpoint_langgraph_id index.
+_ANCESTORS_SQL = """
+WITH RECURSIVE chain(id, lg_id, lg_parent, depth) AS (
+    SELECT c.id, c.metadata ->> 'lg_id', c.metadata ->> 'lg_parent', 0 FROM checkpoints_checkpoint c
+    WHERE c.thread_id = %(thread)s AND c.metadata ? 'lg_id' AND (c.metadata ->> 'lg_id') COLLATE "C" = %(lg_id)s
+    UNION ALL
+    SELECT p.id, p.lg_id, p.lg_parent, chain.depth + 1 FROM chain CROSS JOIN LATERAL (
+        SELECT c.id, c.metadata ->> 'lg_id' AS lg_id, c.metadata ->> 'lg_parent' AS lg_parent
+        FROM checkpoints_checkpoint c
+        WHERE c.thread_id = %(thread)s AND c.metadata ? 'lg_id'
+        AND (c.metadata ->> 'lg_id') COLLATE "C" = chain.lg_parent
+        LIMIT 1
+    ) p
+    WHERE chain.depth < %(depth)s
+)
+SELECT id, lg_id, lg_parent FROM chain ORDER BY depth
+"""
+# How many ancestors one query reads: a DeltaChannel stores its value every 100 updates by default.
+ANCESTORS_PAGE = 64
+
+
+def _ancestors(thread: Thread, lg_id: str) -> Iterator[tuple[UUID, str]]:
+    """The (row, LangGraph id) of each LangGraph ancestor of a checkpoint, parent first, read a
+    page at a time. Ends at the root, at a parent the thread no longer holds (pruned), or at a
+    checkpoint seen already (a loop, which only a forged parent makes)."""
+    seen, anchor, skip = {lg_id}, lg_id, 1  # the first page starts with the checkpoint itself
+    while anchor:
+        with connection.cursor() as cursor:
+            cursor.execute(_ANCESTORS_SQL, {"thread": thread.pk, "lg_id": anchor, "depth": ANCESTORS_PAGE})
+            page = cursor.fetchall()
+        for row, ancestor, _ in page[skip:]:
+            if ancestor in seen:
+                return
+            seen.add(ancestor)
+            yield row, ancestor
+        if len(page) <= ANCESTORS_PAGE:
+            return
+        anchor, skip = page[-1][2], 0
 
 
 def _json(value: Any) -> Any:

@@ -3,14 +3,17 @@ process keeps open, instead of each setting one up and tearing it down."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 
+from agents.models import Agent
 from checkpoints import lent_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,7 +51,7 @@ def test_threads_without_a_connection_borrow_the_same_open_one_and_leave_none_be
     def borrow() -> tuple[int, bool, bool]:
         with lent_connection.borrowed():
             pid = backend_pid()
-            lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
+            lent = lent_connection.is_lent(connections[DEFAULT_DB_ALIAS])
         return pid, lent, initialized_here()
 
     first_pid, first_lent, first_left = in_thread(borrow)
@@ -65,13 +68,56 @@ def test_a_thread_in_a_transaction_keeps_its_own_connection() -> None:
             own_pid = backend_pid()
             with lent_connection.borrowed():
                 pid = backend_pid()
-                lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
+                lent = lent_connection.is_lent(connections[DEFAULT_DB_ALIAS])
         connection.close()
         return own_pid, pid, lent
 
     own_pid, pid, lent = in_thread(borrow_in_transaction)
 
     assert pid == own_pid and not lent
+
+
+def test_a_thread_with_its_own_connection_open_outside_a_transaction_borrows_and_keeps_its_own() -> None:
+    def borrow_beside_own() -> tuple[int, int, bool, bool]:
+        own = connections[DEFAULT_DB_ALIAS]
+        own_pid = backend_pid()
+        with lent_connection.borrowed():
+            pid = backend_pid()
+            lent = lent_connection.is_lent(connections[DEFAULT_DB_ALIAS])
+        same_after = connections[DEFAULT_DB_ALIAS] is own and backend_pid() == own_pid
+        connection.close()
+        return own_pid, pid, lent, same_after
+
+    own_pid, pid, lent, same_after = in_thread(borrow_beside_own)
+
+    assert lent and pid != own_pid
+    assert same_after  # the thread's own connection is back, open, untouched
+
+
+def test_a_connection_object_lives_for_one_borrow_and_keeps_no_exception() -> None:
+    """What a call leaves on Django's connection object (the last exception that went through an
+    atomic block, and through its traceback every frame up the stack) goes with the object: the
+    open connection is kept, the object is not."""
+
+    class Frame:
+        pass
+
+    def fail_in_a_transaction() -> tuple[weakref.ref[Any], weakref.ref[Frame], int]:
+        marker = Frame()  # a local of a frame that the exception's traceback holds
+        with lent_connection.borrowed():
+            pid = backend_pid()
+            db = weakref.ref(connections[DEFAULT_DB_ALIAS])
+            with pytest.raises(IntegrityError), transaction.atomic():
+                Agent.objects.create(name="twice")
+                Agent.objects.create(name="twice")  # through Django's mark_for_rollback_on_error
+        return db, weakref.ref(marker), pid
+
+    db, marker, pid = in_thread(fail_in_a_transaction)
+    gc.collect()
+
+    assert db() is None
+    assert marker() is None
+    assert in_thread(_borrowed_pid) == pid  # the connection itself stayed open for the next call
 
 
 def test_a_borrow_inside_a_borrow_keeps_the_connection_it_has() -> None:
@@ -101,21 +147,26 @@ def test_when_every_lent_connection_is_out_a_thread_opens_its_own_and_closes_it(
         holder.start()
     out.wait(timeout=10)  # every lent connection is out now
 
-    def borrow() -> tuple[bool, bool]:
+    def borrow() -> tuple[bool, bool, Any, bool]:
         with lent_connection.borrowed():
-            backend_pid()
-            lent = connections[DEFAULT_DB_ALIAS] in lent_connection._lent
-        return lent, connections[DEFAULT_DB_ALIAS].connection is None
+            pid = backend_pid()
+            db = connections[DEFAULT_DB_ALIAS]
+            lent = lent_connection.is_lent(db)
+            with lent_connection.borrowed():
+                same_inside = connections[DEFAULT_DB_ALIAS] is db and backend_pid() == pid
+        return lent, same_inside, db.connection, initialized_here()
 
     try:
-        lent, closed_after = in_thread(borrow)
+        lent, same_inside, raw_after, left = in_thread(borrow)
     finally:
         done.set()
         for holder in holders:
             holder.join(timeout=10)
 
     assert not lent
-    assert closed_after  # its own connection went back when the block ended
+    assert same_inside  # a borrow inside it keeps the connection it has
+    assert raw_after is None  # its own connection went back when the block ended
+    assert not left  # and its connection object with it
 
 
 def test_a_lent_connection_lost_during_a_block_is_reopened_for_the_next_borrower() -> None:

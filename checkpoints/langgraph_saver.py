@@ -1071,7 +1071,12 @@ def _private(value: Any) -> Any:
     if kind is list:
         return [item if type(item) in PLAIN else _private(item) for item in value]
     if kind is dict:
-        return {key: item if type(item) in PLAIN else _private(item) for key, item in value.items()}
+        # A message is mostly a flat dict of strings: copied in C, then its nested values replaced.
+        copied = value.copy()
+        for key, item in value.items():
+            if type(item) not in PLAIN:
+                copied[key] = _private(item)
+        return copied
     return copy.deepcopy(value)
 
 

@@ -6,7 +6,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from checkpoints.fields import SealedJSONField
+from checkpoints.fields import SealedJSONField, unreadable
 from checkpoints.ids import new_id
 
 
@@ -179,11 +179,4 @@ class ToolCall(models.Model):
     def unreadable(self) -> str:
         """Why this call's sealed args or result do not open ("" when they do): an altered row, or a
         data key that no longer unwraps."""
-        from checkpoints.errors import IntegrityFailure
-
-        try:
-            self.args  # noqa: B018  (opening is the point)
-            self.result  # noqa: B018
-        except IntegrityFailure as exc:
-            return exc.message
-        return ""
+        return unreadable(self, "args", "result")

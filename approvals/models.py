@@ -7,8 +7,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.functional import cached_property
 
-from checkpoints.errors import IntegrityFailure
-from checkpoints.fields import SealedJSONField
+from checkpoints.fields import SealedJSONField, unreadable
 from checkpoints.ids import new_id
 
 
@@ -96,12 +95,7 @@ class ApprovalRequest(models.Model):
         """Why this request's sealed arguments do not open ("" when they do): the row was altered, or
         its thread's data key no longer unwraps. Pages and the API show such a request as unreadable
         instead of failing for everyone."""
-        try:
-            self.args  # noqa: B018  (opening is the point)
-            self.decided_args  # noqa: B018
-        except IntegrityFailure as exc:
-            return exc.message
-        return ""
+        return unreadable(self, "args", "decided_args")
 
 
 class AuditEntry(models.Model):

@@ -129,9 +129,7 @@ def decide(
     """
     if decision not in (APPROVE, REJECT):
         raise InvalidApproval("`decision` must be approve or reject.", detail={"field": "decision"})
-    comment = (comment or "").strip()
-    if "\x00" in comment:
-        raise InvalidApproval("The comment cannot hold a NUL character.", detail={"field": "comment"})
+    comment = _checked_comment(comment)
     if decision == REJECT and not comment:
         raise InvalidApproval("A rejection needs a `comment` saying why.", detail={"field": "comment"})
     if decision == REJECT and args is not None:
@@ -214,9 +212,7 @@ def resolve_in_doubt(
     if resolution not in Resolution.values:
         raise InvalidApproval(f"`decision` must be one of {', '.join(Resolution.values)} for an in-doubt call.",
                               detail={"field": "decision"})  # fmt: skip
-    comment = (comment or "").strip()
-    if "\x00" in comment:
-        raise InvalidApproval("The comment cannot hold a NUL character.", detail={"field": "comment"})
+    comment = _checked_comment(comment)
     if resolution == HAPPENED and result is _UNSET:
         raise InvalidApproval("`happened` needs the call's `result`.", detail={"field": "result"})
     if resolution != HAPPENED and result is not _UNSET:
@@ -308,6 +304,13 @@ def _check_pending(approval: ApprovalRequest) -> None:
         f"{who} already decided this approval ({approval.status}) at {approval.decided_at:%Y-%m-%d %H:%M:%S %Z}.",
         detail={"status": approval.status, "decided_by": who, "decided_at": when},
     )
+
+
+def _checked_comment(comment: str | None) -> str:
+    comment = (comment or "").strip()
+    if "\x00" in comment:
+        raise InvalidApproval("The comment cannot hold a NUL character.", detail={"field": "comment"})
+    return comment
 
 
 def _check_readable(approval: ApprovalRequest) -> None:

@@ -100,3 +100,17 @@ class SealedJSONField(models.BinaryField):  # type: ignore[type-arg]  # not subs
 def associated_data(name: str, *parts: Any) -> bytes:
     """`table.column/part/part…` as bytes: what a sealed value is bound to."""
     return "/".join([name, *(str(part) for part in parts)]).encode()
+
+
+def unreadable(instance: models.Model, *names: str) -> str:
+    """Why the named sealed fields of `instance` do not open ("" when they all do): an altered row,
+    or a thread data key that no longer unwraps. Pages and the API show such a row as unreadable
+    instead of failing for everyone."""
+    from checkpoints.errors import IntegrityFailure
+
+    try:
+        for name in names:
+            getattr(instance, name)
+    except IntegrityFailure as exc:
+        return exc.message
+    return ""

@@ -319,17 +319,7 @@ def test_the_interrupt_a_thread_waits_at_becomes_an_approval(source: Source) -> 
     assert ApprovalRequest.objects.count() == 1
 
 
-def _string_versions_supported() -> None:
-    # PostgresSaver's channel versions are strings; QuicksaveSaver's get_next_version takes them
-    # from the LangGraph 1.2 upgrade on (a separate change to checkpoints/langgraph_saver.py).
-    try:
-        QuicksaveSaver().get_next_version("00000000000000000000000000000002.0.5", None)
-    except NotImplementedError:
-        pytest.xfail("needs QuicksaveSaver.get_next_version to accept PostgresSaver's string versions")
-
-
 def test_the_graph_goes_on_with_quicksave_from_where_postgres_left_off(source: Source) -> None:
-    _string_versions_supported()
     run("--from", source.url)
     graph = chat_graph(QuicksaveSaver())
     before = graph.get_state(thread("chat-c"))

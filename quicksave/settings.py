@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "agents",
     "checkpoints",
     "approvals",
+    "integrations.langgraph.apps.LangGraphConfig",
 ]
 
 MIDDLEWARE = [

@@ -14,7 +14,7 @@ pytest.importorskip("langgraph")
 from langchain_core.runnables import RunnableConfig
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread
 from tests.e2e.conftest import Pages, make_person
 from tests.integrations.graphs import BOOKING, booking_graph

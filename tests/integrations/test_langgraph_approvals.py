@@ -25,9 +25,10 @@ from agents.models import Run, RunReason, RunStatus
 from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
-from checkpoints import langgraph_saver, store
-from checkpoints.langgraph_interrupts import resume_for
-from checkpoints.langgraph_saver import QuicksaveSaver
+from checkpoints import store
+from integrations.langgraph.interrupts import resume_for
+from integrations.langgraph import saver as langgraph_saver
+from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from tests.conftest import person
 from tests.integrations import graphs

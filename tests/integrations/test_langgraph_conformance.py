@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("langgraph")
 conformance = pytest.importorskip("langgraph.checkpoint.conformance")
 
-from checkpoints.langgraph_saver import QuicksaveSaver  # noqa: E402
+from integrations.langgraph.saver import QuicksaveSaver  # noqa: E402
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -18,7 +18,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from agents.models import RunReason, RunStatus
 from checkpoints.forks import fork
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, CheckpointSource, Thread
 from tests.conftest import person
 from tests.integrations import graphs

@@ -27,7 +27,7 @@ from langgraph.pregel._runner import PregelRunner
 from langgraph.types import interrupt
 
 from approvals.models import ApprovalRequest
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

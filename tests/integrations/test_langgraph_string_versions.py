@@ -16,7 +16,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, interrupt
 
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

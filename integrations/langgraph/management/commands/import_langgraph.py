@@ -1,4 +1,4 @@
-"""Copy LangGraph threads from a PostgresSaver database into Quicksave (checkpoints.langgraph_import)."""
+"""Copy LangGraph threads from a PostgresSaver database into Quicksave (integrations.langgraph.importer)."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ class Command(BaseCommand):
         try:
             from langgraph.checkpoint.postgres import PostgresSaver
 
-            from checkpoints.langgraph_import import MissingThreads, SourceUnreadable, import_threads
+            from integrations.langgraph.importer import MissingThreads, SourceUnreadable, import_threads
         except ImportError as exc:
             raise CommandError(
                 f"import_langgraph needs LangGraph and langgraph-checkpoint-postgres ({exc.msg}); "

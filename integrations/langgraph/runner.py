@@ -12,7 +12,7 @@ listed in QUICKSAVE_AGENT_MODULES, and run the graph with `QuicksaveSaver(agent=
 
 The worker rebuilds the graph in its own process for every run it claims. A run queued by a
 decision resumes the thread's latest checkpoint with `Command(resume=...)` (see
-checkpoints.langgraph_interrupts for the values); any other run (a fork, a manual resume)
+integrations.langgraph.interrupts for the values); any other run (a fork, a manual resume)
 invokes the graph with no input from the run's checkpoint. A retried run goes on from the
 latest checkpoint, so the work a dead worker finished is not done again.
 """
@@ -30,8 +30,8 @@ from agents.fencing import Fence
 from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest
 from checkpoints import store
-from checkpoints.langgraph_interrupts import resume_for
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.interrupts import resume_for
+from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 
 GraphFactory = Callable[[QuicksaveSaver], Any]

@@ -42,8 +42,8 @@ dedicated table would index them better; the models of `checkpoints` are not thi
 to change, and a new app needs a settings change, so this is the honest fit for now.
 
 An `__interrupt__` write in the root namespace files a pending approval on the thread
-(checkpoints.langgraph_interrupts), once per interrupt; a decision queues a run that the
-worker carries out by resuming the graph (agents.langgraph_runner). LangGraph may save those
+(integrations.langgraph.interrupts), once per interrupt; a decision queues a run that the
+worker carries out by resuming the graph (integrations.langgraph.runner). LangGraph may save those
 writes while the checkpoint's own put is still running; then the put files them.
 
 Deleting (`delete_thread`, `prune`, `delete_for_runs`) removes whole Quicksave threads:
@@ -98,12 +98,13 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
-from checkpoints import codec, langgraph_interrupts, lent_connection, store
+from checkpoints import codec, lent_connection, store
 from checkpoints.errors import InvalidPatch, NotFound, StaleParent
 from checkpoints.ids import new_id
 from checkpoints.jsonpatch import format_pointer, make_patch
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
 from checkpoints.tools import add_tool_results, put_tool_result
+from integrations.langgraph import interrupts
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -753,9 +754,9 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         resumes = [value for channel, value in writes if channel == RESUME]
         for channel, value in writes:
             if channel == INTERRUPT:
-                langgraph_interrupts.file_interrupts(
+                interrupts.file_interrupts(
                     thread=thread, checkpoint_id=row, lg_id=lg_id, task_id=task_id,
-                    interrupts=langgraph_interrupts.pending_interrupts(value),
+                    interrupts=interrupts.pending_interrupts(value),
                     resumed=len(resumes[-1]) if resumes and isinstance(resumes[-1], list) else 0,
                     encode=self.to_json, fence=self.fence,
                 )  # fmt: skip

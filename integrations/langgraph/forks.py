@@ -11,7 +11,8 @@ with two differences that come from editing state rather than running a node's w
 edit sets a channel's value as written (no reducer runs), and the route already taken at the
 fork point stays (no conditional edge is evaluated again).
 
-No LangGraph import: the dashboard forks without it installed.
+No LangGraph import: the dashboard forks without it installed (integrations.langgraph.apps
+registers this shaper whether or not LangGraph is).
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from checkpoints.forks import ForkShape
 from checkpoints.models import Checkpoint
 
 MISSING = object()
@@ -30,16 +31,7 @@ MISSING = object()
 GREGORIAN_OFFSET = 0x01B21DD213814000
 
 
-@dataclass(frozen=True)
-class LangGraphFork:
-    """What makes a fork's checkpoint a LangGraph one, on top of the admin's edits."""
-
-    ops: list[dict[str, Any]]  # applied after the admin's edits
-    metadata: dict[str, Any]  # merged into the checkpoint's Quicksave metadata
-    step: int | None
-
-
-def langgraph_fork(*, source: Checkpoint, before: dict[str, Any], after: dict[str, Any]) -> LangGraphFork | None:
+def langgraph_fork(*, source: Checkpoint, before: dict[str, Any], after: dict[str, Any]) -> ForkShape | None:
     """The LangGraph side of a fork at `source` whose state goes from `before` to `after`,
     or None when LangGraph did not write `source`."""
     lg_id = source.metadata.get("lg_id")
@@ -67,7 +59,7 @@ def langgraph_fork(*, source: Checkpoint, before: dict[str, Any], after: dict[st
         "step": step,
         "parents": parent_metadata.get("parents", {}),
     }
-    return LangGraphFork(
+    return ForkShape(
         ops=ops,
         metadata={"lg_id": new_id, "lg_parent": lg_id, "lg_metadata": lg_metadata},
         step=step if step >= 0 else None,

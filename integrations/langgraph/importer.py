@@ -22,7 +22,7 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions, CheckpointTuple
 from langgraph.checkpoint.serde.types import INTERRUPT
 
-from checkpoints.langgraph_saver import QuicksaveSaver, external_id_for, write_tool
+from integrations.langgraph.saver import QuicksaveSaver, external_id_for, write_tool
 from checkpoints.models import Checkpoint, ToolResult
 
 # Checkpoints read from the source per `list` call while scanning it.

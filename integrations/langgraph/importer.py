@@ -22,8 +22,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions, CheckpointTuple
 from langgraph.checkpoint.serde.types import INTERRUPT
 
-from integrations.langgraph.saver import QuicksaveSaver, external_id_for, write_tool
 from checkpoints.models import Checkpoint, ToolResult
+from integrations.langgraph.saver import QuicksaveSaver, external_id_for, write_tool
 
 # Checkpoints read from the source per `list` call while scanning it.
 PAGE = 500

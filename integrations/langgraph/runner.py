@@ -30,9 +30,9 @@ from agents.fencing import Fence
 from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest
 from checkpoints import store
+from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.langgraph.interrupts import resume_for
 from integrations.langgraph.saver import QuicksaveSaver
-from checkpoints.models import Checkpoint, Thread, ThreadStatus
 
 GraphFactory = Callable[[QuicksaveSaver], Any]
 

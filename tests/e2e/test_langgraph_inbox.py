@@ -14,8 +14,8 @@ pytest.importorskip("langgraph")
 from langchain_core.runnables import RunnableConfig
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.e2e.conftest import Pages, make_person
 from tests.integrations.graphs import BOOKING, booking_graph
 

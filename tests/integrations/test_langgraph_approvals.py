@@ -26,10 +26,10 @@ from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import store
-from integrations.langgraph.interrupts import resume_for
-from integrations.langgraph import saver as langgraph_saver
-from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from integrations.langgraph import saver as langgraph_saver
+from integrations.langgraph.interrupts import resume_for
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.conftest import person
 from tests.integrations import graphs
 from tests.integrations.conftest import WorkerThread

@@ -18,8 +18,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Send
 
-from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread
+from integrations.langgraph.saver import QuicksaveSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

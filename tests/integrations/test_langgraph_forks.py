@@ -17,8 +17,8 @@ from langgraph.checkpoint.memory import InMemorySaver
 
 from agents.models import RunReason, RunStatus
 from checkpoints.forks import fork
-from integrations.langgraph.saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, CheckpointSource, Thread
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.conftest import person
 from tests.integrations import graphs
 from tests.integrations.conftest import WorkerThread

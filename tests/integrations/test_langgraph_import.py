@@ -30,10 +30,10 @@ from langgraph.types import Command, interrupt
 
 from approvals.models import ApprovalRequest
 from checkpoints import store
+from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
 from integrations.langgraph import importer
 from integrations.langgraph.importer import import_threads
 from integrations.langgraph.saver import QuicksaveSaver
-from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)

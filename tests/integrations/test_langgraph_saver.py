@@ -24,8 +24,8 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 
 from checkpoints import store
-from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ToolResult
+from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from tests.conftest import message
 from tests.processes import ROOT, database_url
 

@@ -16,8 +16,8 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from approvals import services
-from approvals.audit import client_address
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
+from audit.trail import client_address
 from checkpoints import diffview, store
 from checkpoints.access import visible_threads
 from checkpoints.errors import IntegrityFailure

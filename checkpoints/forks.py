@@ -25,9 +25,9 @@ from django.utils import timezone
 
 from agents.models import Run, RunReason, RunStatus
 from agents.runs import enqueue_run
-from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
+from audit import trail
 from checkpoints import codec, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
 from checkpoints.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
@@ -255,7 +255,7 @@ def _fork(
                 "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
                 "run": str(run.pk) if run else None,
             })  # fmt: skip
-            audit.record(
+            trail.record(
                 actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
                 reason=reason, before=before,
                 after={
@@ -295,7 +295,7 @@ def resume_failed(*, thread: Thread, user: User, reason: str, address: str | Non
             "status": ThreadStatus.RUNNING, "checkpoint": str(head.pk), "run": str(run.pk),
             "by": user.get_username(), "reason": reason,
         })  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.resume", target_type="thread", target_id=locked.pk, thread=locked,
             reason=reason, before=before,
             after={**before, "status": ThreadStatus.RUNNING, "run": str(run.pk), "checkpoint": str(head.pk)},
@@ -322,7 +322,7 @@ def cancel(*, thread: Thread, user: User, reason: str, address: str | None = Non
             "status": ThreadStatus.CANCELLED, "by": user.get_username(), "reason": reason,
             "approvals": cancelled_approvals, "runs": cancelled_runs,
         })  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.cancel", target_type="thread", target_id=locked.pk, thread=locked,
             reason=reason, before=before,
             after={**before, "status": ThreadStatus.CANCELLED, "cancelled_approvals": cancelled_approvals,
@@ -354,7 +354,7 @@ def delete(*, thread: Thread, user: User, reason: str, address: str | None = Non
             "checkpoints": Checkpoint.objects.filter(thread=locked).count(),
             "branches": Branch.objects.filter(thread=locked).count(),
         }  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.delete", target_type="thread", target_id=locked.pk, reason=reason,
             before=before, after={"deleted": True, "data_key": "destroyed"}, address=address,
         )  # fmt: skip

@@ -45,6 +45,7 @@ INSTALLED_APPS = [
     "agents",
     "checkpoints",
     "approvals",
+    "audit",
     "integrations.langgraph.apps.LangGraphConfig",
 ]
 

@@ -11,8 +11,9 @@ from urllib.parse import quote
 import pytest
 from django.test import Client
 
-from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
+from audit.models import AuditEntry
 from checkpoints import store
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
 from tests.conftest import person, signed_in

@@ -18,8 +18,8 @@ from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from approvals.audit import client_address
 from approvals.models import ApprovalRequest
+from audit.trail import client_address
 from checkpoints import diffview, forks, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure

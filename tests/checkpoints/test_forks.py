@@ -21,9 +21,10 @@ from agents.demo import MigrationAgent, TravelAgent
 from agents.models import Run, RunReason, RunStatus
 from agents.runtime import start_thread
 from agents.worker import Worker
-from approvals import audit
-from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
+from audit import trail
+from audit.models import AuditEntry
 from checkpoints import forks, store
 from checkpoints.errors import InvalidPatch, StaleParent
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, Event, Thread, ThreadStatus
@@ -113,7 +114,7 @@ def test_an_admin_forks_with_an_edited_state_and_the_head_moves_to_the_new_branc
     assert entry.actor_name == "ada" and entry.reason == "5000 rows lock the table"
     assert entry.target_id == str(steps[1].pk)
     assert entry.before["branch"] == "main" and entry.before["head"] == str(steps[-1].pk)
-    assert audit.opened(entry).after["patch"] == patch  # stored sealed under the thread's key
+    assert trail.opened(entry).after["patch"] == patch  # stored sealed under the thread's key
     assert entry.after["branch"] == "fork-1" and entry.after["head"] == body["id"]
 
 
@@ -370,7 +371,7 @@ def test_rerun_is_an_unedited_fork_that_resumes(ada: User, thread: Thread, steps
     assert created.source == CheckpointSource.HUMAN and created.label == "re-run: flaky tool"
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.rerun")
-    assert audit.opened(entry).after["patch"] == [] and entry.after["resume"] is True
+    assert trail.opened(entry).after["patch"] == [] and entry.after["resume"] is True
 
 
 def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(
@@ -379,7 +380,7 @@ def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("the audit table is down")
 
-    monkeypatch.setattr(audit, "record", broken)
+    monkeypatch.setattr(trail, "record", broken)
     with pytest.raises(RuntimeError):
         forks.fork(checkpoint=steps[1], user=ada, reason="first try", branch="retry")
     assert not Branch.objects.filter(thread=thread, name="retry").exists()

@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from agents.keys import get_or_create_agent
 from agents.models import Agent, Run, RunReason, RunStatus
-from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
+from audit.models import AuditEntry
 from checkpoints import export, retention, store
 from checkpoints.export import import_thread
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey, ThreadStatus, ToolResult

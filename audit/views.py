@@ -15,14 +15,14 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_safe
 
-from approvals import audit
-from approvals.models import AuditEntry
+from audit import trail
+from audit.models import AuditEntry
 from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 from quicksave.roles import ADMIN, role_of
 
 PAGE_SIZE = 100
 SUMMARY_CHARS = 160
-# Which dashboard page shows a target, by the target_type that audit.record wrote.
+# Which dashboard page shows a target, by the target_type that trail.record wrote.
 TARGET_PAGES = {"thread": "dashboard:thread", "checkpoint": "dashboard:checkpoint", "approval": "inbox:approval"}
 TARGET_ARGS = {"thread": "thread_id", "checkpoint": "checkpoint_id", "approval": "approval_id"}
 
@@ -100,10 +100,10 @@ def audit_list(request: HttpRequest) -> HttpResponse:
         "nav": "audit",
         "form": form,
         "actions": actions,
-        "entries": [(entry, _target_url(entry), _summary(*audit.opened(entry))) for entry in shown],
+        "entries": [(entry, _target_url(entry), _summary(*trail.opened(entry))) for entry in shown],
         "older_query": older_query,
         "newest_query": newest_query,
         "paged": data["older"] is not None,
         "filters_active": filters_active,
     }
-    return render(request, "approvals/audit.html", context)
+    return render(request, "audit/list.html", context)

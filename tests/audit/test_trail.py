@@ -10,9 +10,9 @@ from django.db import DatabaseError, connection, transaction
 from django.test import Client, override_settings
 
 from agents.models import Agent
-from approvals import audit
-from approvals.models import AuditEntry
 from approvals.services import decide, request_approval
+from audit import trail
+from audit.models import AuditEntry
 from checkpoints import forks, store
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
@@ -80,7 +80,7 @@ def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: T
     # While the thread lives, the page and the admin show the values; the rows hold none of them.
     assert SECRETS[0] in signed_in(ada).get("/audit/").content.decode()
     assert SECRETS[1] in signed_in(ada).get("/audit/").content.decode()
-    assert SECRETS[2] in root.get(f"/admin/approvals/auditentry/{fork.pk}/change/").content.decode()
+    assert SECRETS[2] in root.get(f"/admin/audit/auditentry/{fork.pk}/change/").content.decode()
     assert not [secret for secret in SECRETS if secret in _raw_audit_rows()]
 
     forks.delete(thread=thread, user=ada, reason="the customer asked")
@@ -92,7 +92,7 @@ def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: T
     assert not [secret for secret in SECRETS if secret in page]
     assert "[sealed; thread deleted]" in page
     for entry in (decision, fork):
-        admin_page = root.get(f"/admin/approvals/auditentry/{entry.pk}/change/").content.decode()
+        admin_page = root.get(f"/admin/audit/auditentry/{entry.pk}/change/").content.decode()
         assert "[sealed; thread deleted]" in admin_page
         assert not [secret for secret in SECRETS if secret in admin_page]
 
@@ -100,10 +100,10 @@ def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: T
 def test_a_thread_stored_without_a_data_key_keeps_only_a_digest_of_its_secrets(agent: Agent) -> None:
     with override_settings(QUICKSAVE_ENCRYPT=False):
         plain = store.create_thread(agent=agent)[0]
-    entry = audit.record(
+    entry = trail.record(
         actor=None, action="approval.approve", target_type="approval", target_id="a-1", thread=plain,
         before={"status": "pending", "args": {"iban": SECRETS[0]}}, sealed=("args",),
     )  # fmt: skip
 
     assert SECRETS[0] not in _raw_audit_rows()
-    assert audit.opened(entry).before == {"status": "pending", "args": audit.DIGEST_ONLY}
+    assert trail.opened(entry).before == {"status": "pending", "args": trail.DIGEST_ONLY}

@@ -2,10 +2,10 @@
 
 from django.urls import path
 
-from approvals import audit_views
+from audit import views
 
 app_name = "audit"
 
 urlpatterns = [
-    path("", audit_views.audit_list, name="list"),
+    path("", views.audit_list, name="list"),
 ]

@@ -22,7 +22,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest
 
-from approvals.models import AuditEntry
+from audit.models import AuditEntry
 from checkpoints import codec, crypto
 from checkpoints.fields import associated_data
 from checkpoints.models import Thread

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from approvals import audit
-from approvals.models import AuditEntry
+from audit import trail
+from audit.models import AuditEntry
 
 if TYPE_CHECKING:  # ModelAdmin is generic only in django-stubs
     AuditEntryAdminBase = admin.ModelAdmin[AuditEntry]
@@ -33,11 +33,11 @@ class AuditEntryAdmin(AuditEntryAdminBase):
 
     @admin.display(description="before")
     def opened_before(self, entry: AuditEntry) -> str:
-        return _json(audit.opened(entry).before)
+        return _json(trail.opened(entry).before)
 
     @admin.display(description="after")
     def opened_after(self, entry: AuditEntry) -> str:
-        return _json(audit.opened(entry).after)
+        return _json(trail.opened(entry).after)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

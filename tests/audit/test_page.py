@@ -9,13 +9,13 @@ import pytest
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from approvals.models import AuditEntry
 from approvals.services import request_approval
+from audit.models import AuditEntry
 from checkpoints import store
 from checkpoints.models import Thread
 from tests.conftest import person, signed_in
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.approvals.audit_urlconf")]
+pytestmark = pytest.mark.django_db
 
 URL = "/audit/"
 T0 = datetime(2025, 3, 1, 12, 0, tzinfo=timezone.get_current_timezone())
@@ -30,7 +30,7 @@ def admin() -> User:
 def entry(
     *, minutes: int, action: str = "thread.cancel", actor: str = "ada", thread: Thread | None = None, **fields: Any
 ) -> AuditEntry:
-    """An entry `minutes` after T0 (the app writes them through audit.record, always at `now`)."""
+    """An entry `minutes` after T0 (the app writes them through trail.record, always at `now`)."""
     defaults: dict[str, Any] = {"target_type": "thread", "target_id": str(thread.pk) if thread else "x"}
     return AuditEntry.objects.create(
         actor=None, actor_name=actor, action=action, thread=thread, created_at=T0 + timedelta(minutes=minutes),

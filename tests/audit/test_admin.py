@@ -8,15 +8,15 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from approvals import audit
-from approvals.models import AuditEntry
+from audit import trail
+from audit.models import AuditEntry
 
-CHANGELIST = "/admin/approvals/auditentry/"
+CHANGELIST = "/admin/audit/auditentry/"
 
 
 @pytest.fixture
 def entry(db: Any) -> AuditEntry:
-    return audit.record(
+    return trail.record(
         actor=None, actor_name="cli:ops", action="role.grant", target_type="user", target_id="rita",
         reason="on call this week", before={"roles": []}, after={"roles": ["reviewer"]}, address="10.0.0.7",
     )  # fmt: skip

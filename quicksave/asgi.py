@@ -1,6 +1,6 @@
 """ASGI entry point: HTTP through Django, websockets through Channels.
 
-HTTP requests run Django's WSGI handler on a thread of their own (quicksave/http_app.py):
+HTTP requests run Django's WSGI handler on a pool of request threads (quicksave/http_app.py):
 one thread hop per request, where Django's own ASGI handler hops for every middleware and
 signal; every view here is synchronous anyway.
 

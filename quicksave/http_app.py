@@ -13,7 +13,7 @@ a synchronous iterator (the JSON-lines export, static files) whole into memory b
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Coroutine, Iterable
 from typing import Any
 
 from a2wsgi import WSGIMiddleware
@@ -21,11 +21,11 @@ from django.conf import settings
 
 from quicksave.errors import payload_too_large
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
+Scope = dict[str, Any]
+Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Coroutine[Any, Any, None]]
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 

@@ -20,7 +20,8 @@ from django.urls import reverse
 
 from approvals.audit import client_address
 from approvals.models import ApprovalRequest
-from checkpoints import diffview, forks, store
+from checkpoints import forks, store
+from checkpoints.presentation import diffview
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch

@@ -13,7 +13,8 @@ from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from checkpoints import blobs, diffview, selectors, store
+from checkpoints import blobs, selectors, store
+from checkpoints.presentation import diffview
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
@@ -43,7 +44,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
     tool_results, tool_total = _tool_results(checkpoint)
     # Values kept in blob storage are shown by a placeholder, a preview and a download link.
     shown, large = blobs.large_values(thread.pk, state) if state is not None else (None, [])
-    tree = diffview.render_tree(shown) if shown is not None else None
+    tree = diffview.state_tree(shown) if shown is not None else None
     context = {
         "nav": "threads",
         "thread": thread,

@@ -11,7 +11,8 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from checkpoints import diffview, store
+from checkpoints import store
+from checkpoints.presentation import diffview
 from checkpoints.access import get_checkpoint_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
@@ -66,8 +67,8 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
         "failure": failure,
         "view": view,
         "views": VIEWS,
-        "base_options": diffview.options_html(picker, selected=base.pk if base is not None else None),
-        "target_options": diffview.options_html(picker, selected=target.pk),
+        "base_options": diffview.picker_groups(picker, selected=base.pk if base is not None else None),
+        "target_options": diffview.picker_groups(picker, selected=target.pk),
         # The view switch keeps the compared pair.
         "base_query": f"base={base.pk}&" if base is not None else "",
     }

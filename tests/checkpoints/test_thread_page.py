@@ -14,7 +14,8 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent
-from checkpoints import store, timeline
+from checkpoints import store
+from checkpoints.presentation import timeline
 from checkpoints.models import Checkpoint, Thread
 from tests.conftest import person
 

@@ -19,11 +19,11 @@ from approvals import services
 from approvals.audit import client_address
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from checkpoints import store
-from checkpoints.presentation import diffview
 from checkpoints.access import visible_threads
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
+from checkpoints.presentation import diffview
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
 from quicksave.forms import PageLinkField, invalid_filters, page_queries

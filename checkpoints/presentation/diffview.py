@@ -576,10 +576,14 @@ def _tree_node(
 
 def _scalar(value: Any) -> dict[str, Any]:
     """How a leaf shows: its CSS class and text; a string's quotes are the template's, and a cut
-string has no closing quote but a count of the characters left out."""
+    string has no closing quote but a count of the characters left out."""
     if isinstance(value, str):
         if len(value) > TREE_STRING_CHARS:
-            return {"kind": "json-string", "text": value[:TREE_STRING_CHARS], "more": f"{len(value) - TREE_STRING_CHARS:,}"}
+            return {
+                "kind": "json-string",
+                "text": value[:TREE_STRING_CHARS],
+                "more": f"{len(value) - TREE_STRING_CHARS:,}",
+            }
         return {"kind": "json-string", "text": value, "closed": True}
     if value is None:
         return {"kind": "json-null", "text": "null"}

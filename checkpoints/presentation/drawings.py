@@ -101,7 +101,9 @@ def branch_tree(tree: BranchTree) -> dict[str, Any]:
         )
     note = ""
     if tree.hidden_branches:
-        note = f"{_plural(tree.hidden_branches, 'more branch', 'more branches')} not drawn; pick one from the branch list."
+        note = (
+            f"{_plural(tree.hidden_branches, 'more branch', 'more branches')} not drawn; pick one from the branch list."
+        )
 
     total = sum(lane.branch.length for lane in tree.lanes)
     summary = (
@@ -230,7 +232,8 @@ def state_chart(points: list[ChartPoint], *, branch_name: str, length: int, page
     ]  # fmt: skip
     # Seq axis: both ends and the middle.
     ticks = [
-        {"x": _n(x_of(seq)), "label": f"#{seq:,}"} for seq in sorted({first_seq, last_seq, round((first_seq + last_seq) / 2)})
+        {"x": _n(x_of(seq)), "label": f"#{seq:,}"}
+        for seq in sorted({first_seq, last_seq, round((first_seq + last_seq) / 2)})
     ]
     # Shade the shown page, unless it is the whole branch (then the shading would say nothing).
     shaded: dict[str, Any] | None = None

@@ -14,11 +14,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from checkpoints import blobs, selectors, store
-from checkpoints.presentation import diffview
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
-from checkpoints.views import actions, viewer_required
+from checkpoints.presentation import diffview
+from checkpoints.views import actions, thread_label, viewer_required
 
 # Newest tool results listed; the page says how many there are in all.
 TOOL_RESULTS_SHOWN = 50
@@ -72,11 +72,6 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         **actions.fork_card(request, checkpoint, state),
     }
     return render(request, "checkpoints/checkpoint_detail.html", context)
-
-
-def thread_label(thread: Thread) -> str:
-    """How breadcrumbs and titles name a thread: its external id, else the start of its id."""
-    return thread.external_id or str(thread.pk)[:8]
 
 
 def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None, Checkpoint | None]:

@@ -12,13 +12,12 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from checkpoints import store
-from checkpoints.presentation import diffview
 from checkpoints.access import get_checkpoint_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.views import viewer_required
-from checkpoints.views.checkpoint import thread_label
+from checkpoints.presentation import diffview
+from checkpoints.views import thread_label, viewer_required
 
 VIEWS = ("unified", "split")
 # Newest checkpoints of each branch offered by the picker (plus the two compared).

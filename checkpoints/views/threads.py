@@ -13,9 +13,9 @@ from django.shortcuts import render
 
 from agents.models import Agent
 from checkpoints import selectors
-from checkpoints.presentation import drawings, timeline
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
+from checkpoints.presentation import drawings, timeline
 from checkpoints.views import viewer_required
 from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 

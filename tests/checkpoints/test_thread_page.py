@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent
 from checkpoints import store
-from checkpoints.presentation import timeline
 from checkpoints.models import Checkpoint, Thread
+from checkpoints.presentation import timeline
 from tests.conftest import person
 
 # Measured at 12 (session, user, two permission reads, thread, role for the header, branches,

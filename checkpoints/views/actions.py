@@ -89,13 +89,12 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
         return redirect("dashboard:checkpoint", checkpoint_id=created.pk)
 
     # Review: turn the edited state into a patch, check everything, show what will happen.
-    posted_state = "state" in request.POST
-    editor = StateEditor(request.POST["state"] if posted_state else None, open=posted_state)
+    # The editor stays open when the state was changed (or, by the template, when it has an error).
+    edited = form.cleaned_data.get("state")
+    ops = make_patch(source_state, edited) if edited is not None else []
+    editor = StateEditor(request.POST.get("state"), open=bool(ops))
     if not valid:
         return _fork_form(request, checkpoint, form, editor, status=400)
-    edited = form.cleaned_data["state"]
-    ops = make_patch(source_state, edited) if edited is not None else []
-    editor = StateEditor(editor.text, open=bool(ops))
     try:
         plan = forks.plan_fork(
             checkpoint=checkpoint, reason=form.cleaned_data["reason"], patch=ops, branch=form.cleaned_data["branch"],

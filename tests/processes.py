@@ -132,10 +132,12 @@ class Workers:
     empties the tables these processes hold locks on.
     """
 
-    def __init__(self, directory: Path, *, agent: str, lease_seconds: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, directory: Path, *, agent: str, lease_seconds: int, env: dict[str, str] | None = None,
+                 poll_seconds: float = 0.2) -> None:  # fmt: skip
         self.directory = directory
         self.agent = agent
         self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
         self.env = env or {}
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -144,7 +146,7 @@ class Workers:
         with log:
             process = subprocess.Popen(
                 [sys.executable, "manage.py", "run_agents", "--agent", self.agent,
-                 "--lease", str(self.lease_seconds), "--poll", "0.2"],
+                 "--lease", str(self.lease_seconds), "--poll", str(self.poll_seconds)],
                 cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url(), **self.env, **(env or {})},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip

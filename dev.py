@@ -2,7 +2,7 @@
 """Quicksave's developer entry point: one command to run the app, one to test it.
 
     python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
-    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest
+    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest + coverage
     python3 dev.py lint                              ruff, ruff format --check, mypy
     python3 dev.py fmt                               ruff format, ruff check --fix
 
@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -179,15 +180,17 @@ def has_management_command(name: str) -> bool:
     return name in listing.stdout.split()
 
 
-def warn_if_no_chromium() -> None:
+def require_test_tools() -> None:
+    """Stop before a long run whose browser or Redis tests could only fail: they never skip."""
     chromium = os.environ.get("QUICKSAVE_CHROMIUM") or DEFAULT_CHROMIUM
+    missing = []
     if not os.access(chromium, os.X_OK):
-        print(
-            f"WARNING: no Chromium at {chromium}: browser tests will be SKIPPED. "
-            "Install Debian's chromium (apt-get install chromium) or set QUICKSAVE_CHROMIUM.",
-            file=sys.stderr,
-            flush=True,
-        )
+        missing.append(f"Chromium at {chromium}: apt-get install chromium, or set QUICKSAVE_CHROMIUM to a Chromium")
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server on PATH: apt-get install redis-server")
+    if missing:
+        sys.exit("dev.py test needs " + "; and ".join(missing))
+    os.environ["QUICKSAVE_CHROMIUM"] = chromium
 
 
 # --- commands --------------------------------------------------------------------------------------
@@ -221,7 +224,7 @@ def command_test(pytest_args: Sequence[str]) -> NoReturn:
     ensure_venv(REQUIREMENTS_DEV)
     ensure_sdk()
     print(f"    database: {describe_database()}", flush=True)
-    warn_if_no_chromium()
+    require_test_tools()
     lint()
     step("pytest " + " ".join(pytest_args))
     # pytest's own exit status goes straight to the caller; 5 ("no tests collected") is non-zero, so a failure.

@@ -14,7 +14,7 @@ T = TypeVar("T")
 
 
 def wait_until(
-    condition: Callable[[], T], *, what: str, timeout: float = 30, every: float = 0.05,
+    condition: Callable[[], T | None], *, what: str, timeout: float = 30, every: float = 0.05,
     details: Callable[[], str] | None = None,
 ) -> T:  # fmt: skip
     """Call `condition` until it returns something truthy, and return that.

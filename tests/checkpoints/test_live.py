@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ from channels_redis.core import RedisChannelLayer
 
 from checkpoints import live
 from tests.processes import RedisServer
+from tests.waiting import wait_until
 
 
 def test_a_group_without_members_is_skipped_and_one_with_a_member_is_not(redis_server: RedisServer) -> None:
@@ -69,7 +69,8 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     monkeypatch.setattr(publisher, "_send_all", record)
     publisher.flush()  # the thread is up and waiting
     publisher.send("thread.a", {"seq": 1})
-    time.sleep(0.05)  # well after the publisher woke for the first event, well within its linger
+    # Taken off the queue: the publisher woke for it and lingers now, for far longer than this wait.
+    wait_until(publisher._queue.empty, what="the publisher to take the first event", every=0.001)
     publisher.send("thread.a", {"seq": 2})
     publisher.send("thread.b", {"seq": 1})
     publisher.flush()

@@ -32,7 +32,7 @@ from agents.runtime import start_thread
 from checkpoints import store
 from checkpoints.models import Thread
 from tests.conftest import person
-from tests.processes import REDIS_SERVER, ROOT, RedisServer, database_url, free_port, start_server, stop
+from tests.processes import ROOT, RedisServer, database_url, free_port, start_server, stop
 
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
 
@@ -44,7 +44,7 @@ def redis_available() -> str:
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
     except redis.RedisError as exc:
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}): start it, or set REDIS_URL", pytrace=False)
     return REDIS_URL
 
 
@@ -256,8 +256,6 @@ def test_signing_out_through_one_server_closes_the_sessions_sockets_on_the_other
 
 
 def test_a_websocket_while_redis_is_down_is_refused_with_4503_not_an_http_500(db: Any) -> None:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed on this machine")
     redis_server = RedisServer()
     redis_server.start()
     port = free_port()

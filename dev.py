@@ -2,7 +2,7 @@
 """Quicksave's developer entry point: one command to run the app, one to test it.
 
     python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
-    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest
+    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest + coverage
     python3 dev.py lint                              ruff, ruff format --check, mypy
     python3 dev.py fmt                               ruff format, ruff check --fix
     python3 dev.py lock                              re-make the lock files after a requirements*.txt change
@@ -20,6 +20,7 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -216,15 +217,17 @@ def has_management_command(name: str) -> bool:
     return name in listing.stdout.split()
 
 
-def warn_if_no_chromium() -> None:
+def require_test_tools() -> None:
+    """Stop before a long run whose browser or Redis tests could only fail: they never skip."""
     chromium = os.environ.get("QUICKSAVE_CHROMIUM") or DEFAULT_CHROMIUM
+    missing = []
     if not os.access(chromium, os.X_OK):
-        print(
-            f"WARNING: no Chromium at {chromium}: browser tests will be SKIPPED. "
-            "Install Debian's chromium (apt-get install chromium) or set QUICKSAVE_CHROMIUM.",
-            file=sys.stderr,
-            flush=True,
-        )
+        missing.append(f"Chromium at {chromium}: apt-get install chromium, or set QUICKSAVE_CHROMIUM to a Chromium")
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server on PATH: apt-get install redis-server")
+    if missing:
+        sys.exit("dev.py test needs " + "; and ".join(missing))
+    os.environ["QUICKSAVE_CHROMIUM"] = chromium
 
 
 # --- commands --------------------------------------------------------------------------------------
@@ -237,6 +240,9 @@ def lint() -> None:
     run(RUFF, "format", "--check", ".")
     step("mypy")
     run(PYTHON, "-m", "mypy", ".")
+    step("lint-imports")
+    # The package map of ARCHITECTURE.md: no import cycles, the core never imports an integration.
+    run(VENV_BIN / "lint-imports")
 
 
 def command_run(host: str, port: int) -> NoReturn:
@@ -258,7 +264,7 @@ def command_test(pytest_args: Sequence[str]) -> NoReturn:
     ensure_venv(DEV_LOCK)
     ensure_sdk()
     print(f"    database: {describe_database()}", flush=True)
-    warn_if_no_chromium()
+    require_test_tools()
     lint()
     step("pytest " + " ".join(pytest_args))
     # pytest's own exit status goes straight to the caller; 5 ("no tests collected") is non-zero, so a failure.
@@ -305,7 +311,7 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     commands.add_parser("test", help="lint, type-check and run the whole test suite (pytest args after --)")
-    commands.add_parser("lint", help="ruff, ruff format --check, mypy")
+    commands.add_parser("lint", help="ruff, ruff format --check, mypy, lint-imports")
     commands.add_parser("fmt", help="ruff format, ruff check --fix")
     commands.add_parser("lock", help="re-make requirements*.lock from requirements*.txt (uv, with hashes)")
     args = parser.parse_args(argv)

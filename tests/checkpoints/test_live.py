@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
 
 from checkpoints import live
+from tests.waiting import wait_until
 
 
 def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -22,7 +22,8 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     monkeypatch.setattr(publisher, "_send_all", record)
     publisher.flush()  # the thread is up and waiting
     publisher.send("thread.a", {"seq": 1})
-    time.sleep(0.05)  # well after the publisher woke for the first event, well within its linger
+    # Taken off the queue: the publisher woke for it and lingers now, for far longer than this wait.
+    wait_until(publisher._queue.empty, what="the publisher to take the first event", every=0.001)
     publisher.send("thread.a", {"seq": 2})
     publisher.send("thread.b", {"seq": 1})
     publisher.flush()

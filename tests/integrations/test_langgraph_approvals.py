@@ -9,9 +9,6 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from django.contrib.auth.models import User
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig

@@ -47,6 +47,7 @@ INSTALLED_APPS = [
     "approvals",
     "audit",
     "integrations.langgraph.apps.LangGraphConfig",
+    "integrations.pydantic_ai.apps.PydanticAIConfig",
 ]
 
 MIDDLEWARE = [

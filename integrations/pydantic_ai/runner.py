@@ -1,0 +1,133 @@
+"""Pydantic AI agents driven by the worker: a decision on a paused run resumes it, and a fork or a
+manual resume runs it on from a checkpoint.
+
+Register a factory that builds the agent, in a module listed in QUICKSAVE_AGENT_MODULES, and run
+it through `QuicksaveAgent` under the same name:
+
+    @register_agent("trips")
+    def trips() -> Agent[None, str | DeferredToolRequests]:
+        return Agent(model, output_type=[str, DeferredToolRequests], tools=[...])
+
+    await QuicksaveAgent(trips(), name="trips").run("Book me a flight", conversation_id="trip-7")
+
+The worker builds the agent in its own process for every run it claims and goes on from the
+run's checkpoint (a retried run: from the latest checkpoint on that branch; a decision: from the
+thread's head, which must be the checkpoint the decision was made at) with the stored message
+history. A checkpoint waiting on deferred calls resumes once each of them is decided, with the
+decisions as `DeferredToolResults` (integrations.pydantic_ai.deferred); until then the run files
+the next undecided call and stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from pydantic_ai.agent import AbstractAgent
+
+from agents import runtime
+from agents.fencing import Fence
+from agents.models import Run, RunReason
+from approvals.models import ApprovalKind, ApprovalRequest
+from approvals.services import ThreadCancelled
+from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from integrations.pydantic_ai import deferred, threads
+from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
+
+AgentFactory = Callable[[], AbstractAgent[Any, Any]]
+
+
+class PydanticAIAgent(runtime.LoopAgent):
+    """A Pydantic AI agent driven by the worker; made by `register_agent`."""
+
+    def build(self) -> AbstractAgent[Any, Any]:
+        """The agent to run (register_agent sets the factory)."""
+        raise NotImplementedError
+
+    def drive(self, run: Run, thread: Thread, *, lease_held: Callable[[], bool]) -> str:
+        fence = Fence(run.pk, run.attempts)
+        start = _start(run, thread)
+        state = threads.state_of(start)
+        if "output" in state:
+            return "done"
+        try:
+            results = None
+            if "deferred" in state:
+                items = deferred.items_of(state["deferred"])
+                decided = deferred.decisions(thread=thread, checkpoint=start, items=items)
+                if decided is None:
+                    deferred.file_next(thread=thread, checkpoint=start, items=items, fence=fence)
+                    return "suspended"
+                results = deferred.results(items, decided)
+        except runtime.ApprovalMismatch as mismatch:
+            threads.append(thread=thread, parent=start, before=state, after=state, label="failed",
+                           status=CheckpointStatus.FAILED, error=str(mismatch), fence=fence)  # fmt: skip
+            return "failed"
+        except ThreadCancelled:
+            return "cancelled"
+        agent = QuicksaveAgent(self.build(), name=self.name, version=self.version, fence=fence, lease_held=lease_held,
+                               start=start)  # fmt: skip
+        try:
+            async_to_sync(agent.run)(None, conversation_id=thread.external_id, message_history=load(state["messages"]),
+                                     deferred_tool_results=results)  # fmt: skip
+        except Exception as exc:
+            if _caused_by(exc, CallInDoubt):
+                return "suspended"
+            if _caused_by(exc, ThreadCancelled):
+                return "cancelled"
+            raise
+        head = threads.head(thread)
+        return "suspended" if head is not None and head.status == CheckpointStatus.WAITING_FOR_APPROVAL else "done"
+
+
+def _start(run: Run, thread: Thread) -> Checkpoint:
+    """The checkpoint the run goes on from (see the module docstring)."""
+    if not thread.external_id:
+        raise RuntimeError(f"Thread {thread.pk} has no conversation id; QuicksaveAgent did not write it.")
+    if run.reason == RunReason.APPROVAL and run.approval_id is not None:
+        approval = ApprovalRequest.objects.get(pk=run.approval_id)
+        head = threads.head(thread)
+        if head is None:
+            raise RuntimeError(f"Thread {thread.pk} has no checkpoint to resume.")
+        if approval.kind == ApprovalKind.APPROVAL and head.pk != approval.checkpoint_id:
+            # The run resumes the thread's latest checkpoint: the decision is for that one only.
+            raise runtime.ApprovalMismatch(
+                f"Run {run.pk} would resume the agent at checkpoint {head.pk}, but its decision was made at "
+                f"checkpoint {approval.checkpoint_id}; not acting on it."
+            )
+        return head
+    checkpoint = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
+    return threads.latest_on_branch(checkpoint) if run.attempts > 1 else checkpoint
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `kind` is `exc`, its cause or context, or in an exception group among them."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return True
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(found for found in (current.__cause__, current.__context__) if found is not None)
+    return False
+
+
+def register_agent(name: str, *, version: str = "1") -> Callable[[AgentFactory], AgentFactory]:
+    """Decorator: make the worker run the agent this factory builds as Quicksave agent `name`."""
+
+    def register(factory: AgentFactory) -> AgentFactory:
+        agent_class = type(
+            f"PydanticAIAgent[{name}]",
+            (PydanticAIAgent,),
+            {"name": name, "version": version, "build": staticmethod(factory), "__module__": factory.__module__},
+        )
+        runtime.register(agent_class)
+        return factory
+
+    return register

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import sys
@@ -253,7 +254,11 @@ QUICKSAVE_ENCRYPTION_KEYS = envsecret(
 parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.
-QUICKSAVE_AGENT_MODULES = envlist("QUICKSAVE_AGENT_MODULES", ["agents.demo"])
+# The Pydantic AI demo agent joins the default when its optional requirements are installed.
+QUICKSAVE_AGENT_MODULES = envlist(
+    "QUICKSAVE_AGENT_MODULES",
+    ["agents.demo"] + (["integrations.pydantic_ai.demo"] if importlib.util.find_spec("pydantic_ai") else []),
+)
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)
 QUICKSAVE_APPROVAL_EXPIRY_OUTCOME = envstr("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME", "reject")

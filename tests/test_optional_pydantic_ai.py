@@ -14,13 +14,8 @@ WITHOUT_PYDANTIC_AI = textwrap.dedent(
     """
     import sys
 
-    class NoPydanticAI:
-        def find_spec(self, name, path=None, target=None):
-            if name.split(".")[0] in {"pydantic_ai", "pydantic_graph"}:
-                raise ModuleNotFoundError(f"No module named {name!r}")
-            return None
-
-    sys.meta_path.insert(0, NoPydanticAI())
+    # As if not installed: `import` raises ModuleNotFoundError and `importlib.util.find_spec` says None.
+    sys.modules["pydantic_ai"] = sys.modules["pydantic_graph"] = None
 
     import django
 
@@ -32,7 +27,11 @@ WITHOUT_PYDANTIC_AI = textwrap.dedent(
     import agents.demo, agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
     import integrations.pydantic_ai.forks
 
-    print("loaded:", sorted(name for name in sys.modules if name.startswith(("pydantic_ai", "pydantic_graph"))))
+    from django.conf import settings
+
+    assert settings.QUICKSAVE_AGENT_MODULES == ["agents.demo"], settings.QUICKSAVE_AGENT_MODULES
+    print("loaded:", sorted(name for name, module in sys.modules.items()
+                            if name.startswith(("pydantic_ai", "pydantic_graph")) and module is not None))
     """
 )
 

@@ -409,3 +409,9 @@ def test_a_graph_run_by_an_attempt_that_lost_its_run_writes_nothing(rita: User) 
     with pytest.raises(LeaseLost):
         expired.invoke(resume, config)
     assert Checkpoint.objects.filter(thread=thread).count() == written
+
+
+def test_a_graphs_thread_records_its_framework_for_the_badge() -> None:
+    _, _, thread = ask("Which fare?")
+
+    assert thread.metadata["framework"] == "langgraph"

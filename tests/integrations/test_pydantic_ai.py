@@ -25,7 +25,7 @@ from approvals.services import decide
 from checkpoints import forks, store
 from checkpoints.models import Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.pydantic_ai.agent import QuicksaveAgent
-from tests.conftest import person
+from tests.conftest import person, signed_in
 from tests.integrations import pydantic_agents
 from tests.integrations.conftest import WorkerThread
 
@@ -262,3 +262,16 @@ def wait_for(look: Callable[[], T | None], timeout: float = 10) -> T:
             raise TimeoutError("nothing turned up")
         time.sleep(0.05)
     return found
+
+
+def test_the_inbox_and_the_thread_page_show_the_framework_as_a_badge(rita: User) -> None:
+    thread = start(pydantic_agents.TRIPS)
+    plain = store.create_thread(agent=Agent.objects.get(name=pydantic_agents.TRIPS), external_id="by-the-sdk")[0]
+    badge = '<span class="badge framework" data-framework="pydantic-ai"'
+    client = signed_in(rita)
+
+    inbox = client.get("/inbox/").content.decode()
+    row = inbox[inbox.index(f'data-approval="{pending(thread).pk}"') :]
+    assert badge in row[: row.index("</tr>")]
+    assert badge in client.get(f"/threads/{thread.pk}/").content.decode()
+    assert 'class="badge framework"' not in client.get(f"/threads/{plain.pk}/").content.decode()

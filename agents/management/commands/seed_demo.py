@@ -7,9 +7,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from agents import tool_calls
-from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent
+from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent, seeders
 from agents.runtime import start_thread
-from agents.worker import Worker
+from agents.worker import Worker, load_agent_modules
 from checkpoints.models import Checkpoint, Thread
 
 
@@ -31,6 +31,8 @@ class Command(BaseCommand):
             start_thread(agent_class=MigrationAgent, external_id="demo-migration-orders"),
             _review_whose_worker_died(),
         ]
+        load_agent_modules()  # the agent modules' own demos (an integration's) register as they load
+        started += [seed() for seed in seeders()]
         self.stdout.write(f"Demo threads: {', '.join(thread.external_id or str(thread.pk) for thread in started)}")
         if options["no_run"]:
             return

@@ -93,10 +93,12 @@ class Checkpointing(AbstractCapability[Any]):
     def history(self) -> list[ModelMessage]:
         return load(self.state["messages"])
 
-    def save(self, after: dict[str, Any], *, label: str, status: str = CheckpointStatus.RUNNING) -> Checkpoint:
+    def save(
+        self, after: dict[str, Any], *, label: str, status: str = CheckpointStatus.RUNNING, model: str = ""
+    ) -> Checkpoint:
         self.check_lease()
         self.head = threads.append(thread=self.thread, parent=self.head, before=self.state, after=after, label=label,
-                                   status=status, fence=self.fence)  # fmt: skip
+                                   status=status, model=model, fence=self.fence)  # fmt: skip
         self.state = after
         return self.head
 
@@ -113,7 +115,9 @@ class Checkpointing(AbstractCapability[Any]):
             messages.append(result.request)
         stored = dump(messages)
         if stored != self.state["messages"]:
-            await sync_to_async(self.save)({"messages": stored}, label=_label(messages[-1]))
+            last = messages[-1]
+            model = last.model_name or "" if isinstance(last, ModelResponse) else ""
+            await sync_to_async(self.save)({"messages": stored}, label=_label(last), model=model)
         return result
 
     def ended(self, output: Any, messages: Sequence[ModelMessage]) -> None:

@@ -21,13 +21,13 @@ the next undecided call and stops.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from asgiref.sync import async_to_sync
 from pydantic_ai.agent import AbstractAgent
 
 from agents import runtime
-from agents.fencing import Fence
+from agents.fencing import Fence, LeaseLost
 from agents.models import Run, RunReason
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.services import ThreadCancelled
@@ -36,6 +36,7 @@ from integrations.pydantic_ai import deferred, threads
 from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
 
 AgentFactory = Callable[[], AbstractAgent[Any, Any]]
+E = TypeVar("E", bound=BaseException)
 
 
 class PydanticAIAgent(runtime.LoopAgent):
@@ -72,9 +73,11 @@ class PydanticAIAgent(runtime.LoopAgent):
             async_to_sync(agent.run)(None, conversation_id=thread.external_id, message_history=load(state["messages"]),
                                      deferred_tool_results=results)  # fmt: skip
         except Exception as exc:
-            if _caused_by(exc, CallInDoubt):
+            if lost := _found(exc, LeaseLost):
+                raise lost from exc  # the runtime stops the attempt, whatever Pydantic AI wrapped it in
+            if _found(exc, CallInDoubt):
                 return "suspended"
-            if _caused_by(exc, ThreadCancelled):
+            if _found(exc, ThreadCancelled):
                 return "cancelled"
             raise
         head = threads.head(thread)
@@ -101,8 +104,8 @@ def _start(run: Run, thread: Thread) -> Checkpoint:
     return threads.latest_on_branch(checkpoint) if run.attempts > 1 else checkpoint
 
 
-def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
-    """Whether `kind` is `exc`, its cause or context, or in an exception group among them."""
+def _found(exc: BaseException, kind: type[E]) -> E | None:
+    """`exc`, its cause or context, or one in an exception group among them, that is a `kind`."""
     seen: set[int] = set()
     pending: list[BaseException] = [exc]
     while pending:
@@ -111,11 +114,11 @@ def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
             continue
         seen.add(id(current))
         if isinstance(current, kind):
-            return True
+            return current
         if isinstance(current, BaseExceptionGroup):
             pending.extend(current.exceptions)
         pending.extend(found for found in (current.__cause__, current.__context__) if found is not None)
-    return False
+    return None
 
 
 def register_agent(name: str, *, version: str = "1") -> Callable[[AgentFactory], AgentFactory]:

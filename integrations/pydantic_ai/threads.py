@@ -101,11 +101,14 @@ def append(
     label: str,
     status: str = CheckpointStatus.RUNNING,
     error: str = "",
+    model: str = "",
     fence: Fence | None = None,
 ) -> Checkpoint:
-    """Append a checkpoint after `parent` (None: the thread's first) going from state `before` to `after`."""
+    """Append a checkpoint after `parent` (None: the thread's first) going from state `before` to `after`;
+    `model` names the model whose response it holds."""
     metadata = {"framework": FRAMEWORK, **({"error": error[:2000]} if error else {})}
-    fields: dict[str, Any] = {"label": label, "status": status, "metadata": metadata, "fence": fence}
+    fields: dict[str, Any] = {"label": label, "status": status, "metadata": metadata, "fence": fence,
+                              "model": {"name": model[:200]} if model else None}  # fmt: skip
     if parent is None:
         return store.append_checkpoint(thread=thread, parent=None, state=after, step=0, **fields)
     return store.append_checkpoint(thread=thread, parent=parent, patch=state_patch(before, after),

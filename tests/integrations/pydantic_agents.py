@@ -5,6 +5,7 @@ this module through QUICKSAVE_AGENT_MODULES)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai import (
@@ -27,6 +28,8 @@ PAIR = "pai-pair"
 QUOTE = "pai-quote"
 # How many times each tool ran, by tool: what the exactly-once tests count.
 calls: Counter[str] = Counter()
+# What a test has the booking tool do while it runs (after it counted itself).
+during_booking: list[Callable[[], None]] = []
 
 
 def _returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
@@ -56,6 +59,8 @@ def _find_flights(to: str) -> list[dict[str, Any]]:
 
 def _book_flight(flight: str, price: int) -> str:
     calls["book_flight"] += 1
+    for hook in during_booking:
+        hook()
     return f"booked {flight} for {price} EUR"
 
 

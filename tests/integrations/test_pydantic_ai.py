@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any, TypeVar
 from uuid import uuid4
 
@@ -16,12 +17,14 @@ pytest.importorskip("pydantic_ai")
 
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
+from django.db import connection
+from django.utils import timezone
 
 from agents import runtime
 from agents.models import Agent, Run, RunStatus, ToolCall
 from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
-from approvals.services import decide
+from approvals.services import decide, resolve_in_doubt
 from checkpoints import forks, store
 from checkpoints.models import Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.pydantic_ai.agent import QuicksaveAgent
@@ -56,6 +59,7 @@ def worker(transactional_db: Any) -> Iterator[WorkerThread]:
 @pytest.fixture(autouse=True)
 def fresh_counts() -> None:
     pydantic_agents.calls.clear()
+    pydantic_agents.during_booking.clear()
 
 
 def start(name: str, prompt: str = "Book me a flight to Lisbon") -> Thread:
@@ -252,6 +256,44 @@ def test_a_tool_that_ran_before_its_attempt_lost_the_run_is_not_run_again(rita: 
     assert final_output(thread) == "Done: booked TP1350 for 129 EUR"
     assert pydantic_agents.calls["book_flight"] == 1
     assert ToolCall.objects.get(thread=thread, tool="book_flight").starts == 1
+
+
+def test_a_call_cut_off_without_its_result_goes_to_a_person_and_their_answer_is_used(rita: User) -> None:
+    thread = start(pydantic_agents.TRIPS)
+    decide(approval=pending(thread), user=rita, decision="approve")
+    agents = [Agent.objects.get(name=pydantic_agents.TRIPS)]
+    first = claim_run(agents=agents, worker="w1")
+    assert first is not None
+    taken: list[Run | None] = []
+
+    def another_worker_takes_the_run() -> None:
+        Run.objects.filter(pk=first.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+        taken.append(claim_run(agents=agents, worker="w2"))
+        connection.close()  # the tool ran in a thread of Pydantic AI's
+
+    pydantic_agents.during_booking.append(another_worker_takes_the_run)
+    # The booking ran, but its attempt lost the run before it could record the result.
+    assert runtime.execute(first) == "lease_lost"
+    pydantic_agents.during_booking.clear()
+    second = taken[0]
+    assert second is not None
+
+    assert runtime.execute(second) == "suspended"
+    in_doubt = pending(thread)
+    assert (in_doubt.kind, in_doubt.action) == ("in_doubt", "book_flight")
+    resolve_in_doubt(approval=in_doubt, user=rita, resolution="happened", result="booked TP1350, ref QS-1")
+    third = claim_run(agents=agents, worker="w3")
+    assert third is not None
+    assert runtime.execute(third) == "done"
+
+    assert final_output(thread) == "Done: booked TP1350, ref QS-1"
+    assert pydantic_agents.calls["book_flight"] == 1
+
+
+def test_a_model_checkpoint_names_its_model() -> None:
+    thread = start(pydantic_agents.TRIPS)
+
+    assert timeline(thread)[1].model_name == "function:_trips_model:"
 
 
 def wait_for(look: Callable[[], T | None], timeout: float = 10) -> T:

@@ -20,6 +20,7 @@ the next undecided call and stops.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,12 +32,14 @@ from agents.fencing import Fence, LeaseLost
 from agents.models import Run, RunReason
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.services import ThreadCancelled
+from checkpoints.errors import StaleParent
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from integrations.pydantic_ai import deferred, threads
 from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
 
 AgentFactory = Callable[[], AbstractAgent[Any, Any]]
 E = TypeVar("E", bound=BaseException)
+log = logging.getLogger(__name__)
 
 
 class PydanticAIAgent(runtime.LoopAgent):
@@ -62,9 +65,7 @@ class PydanticAIAgent(runtime.LoopAgent):
                     return "suspended"
                 results = deferred.results(items, decided)
         except runtime.ApprovalMismatch as mismatch:
-            threads.append(thread=thread, parent=start, before=state, after=state, label="failed",
-                           status=CheckpointStatus.FAILED, error=str(mismatch), fence=fence)  # fmt: skip
-            return "failed"
+            return _fail(thread, start, reason=str(mismatch), fence=fence)
         except ThreadCancelled:
             return "cancelled"
         agent = QuicksaveAgent(self.build(), name=self.name, version=self.version, fence=fence, lease_held=lease_held,
@@ -79,9 +80,22 @@ class PydanticAIAgent(runtime.LoopAgent):
                 return "suspended"
             if _found(exc, ThreadCancelled):
                 return "cancelled"
-            raise
+            log.exception("agent %s failed in thread %s", self.name, thread.pk)
+            return _fail(thread, threads.latest_on_branch(start), reason=f"{type(exc).__name__}: {exc}", fence=fence)
         head = threads.head(thread)
         return "suspended" if head is not None and head.status == CheckpointStatus.WAITING_FOR_APPROVAL else "done"
+
+
+def _fail(thread: Thread, at: Checkpoint, *, reason: str, fence: Fence) -> str:
+    """Fail the thread at `at` (the run's latest checkpoint) with `reason`, its state as it was: an
+    admin sees why, and may resume the agent from there or fork."""
+    state = threads.state_of(at)
+    try:
+        threads.append(thread=thread, parent=at, before=state, after=state, label="failed",
+                       status=CheckpointStatus.FAILED, error=reason, fence=fence)  # fmt: skip
+    except StaleParent:
+        return "stale"  # someone moved the branch on meanwhile: this run is obsolete
+    return "failed"
 
 
 def _start(run: Run, thread: Thread) -> Checkpoint:

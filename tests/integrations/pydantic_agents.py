@@ -41,9 +41,15 @@ def _responses(messages: list[ModelMessage]) -> int:
     return sum(1 for message in messages if isinstance(message, ModelResponse))
 
 
+# Set to make the trips model fail once it has the booking's result (an outage of the model's API).
+model_outage: list[str] = []
+
+
 def _trips_model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
     """Find flights, then ask to book the first one, then say how it went."""
     turn = _responses(messages)
+    if turn >= 2 and model_outage:
+        raise RuntimeError(model_outage[0])
     if turn == 0:
         return ModelResponse(parts=[ToolCallPart("find_flights", {"to": "Lisbon"}, tool_call_id="find-1")])
     if turn == 1:

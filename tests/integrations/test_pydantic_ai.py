@@ -60,6 +60,7 @@ def worker(transactional_db: Any) -> Iterator[WorkerThread]:
 def fresh_counts() -> None:
     pydantic_agents.calls.clear()
     pydantic_agents.during_booking.clear()
+    pydantic_agents.model_outage.clear()
 
 
 def start(name: str, prompt: str = "Book me a flight to Lisbon") -> Thread:
@@ -287,6 +288,30 @@ def test_a_call_cut_off_without_its_result_goes_to_a_person_and_their_answer_is_
     assert runtime.execute(third) == "done"
 
     assert final_output(thread) == "Done: booked TP1350, ref QS-1"
+    assert pydantic_agents.calls["book_flight"] == 1
+
+
+def test_a_failing_model_fails_the_thread_and_a_resume_goes_on_without_booking_again(
+    rita: User, admin: User, worker: WorkerThread
+) -> None:
+    thread = start(pydantic_agents.TRIPS)
+    pydantic_agents.model_outage.append("the model's API is down")
+    decide(approval=pending(thread), user=rita, decision="approve")
+
+    assert [run.status for run in worker.wait_for_runs(thread)] == [RunStatus.FAILED]
+    failed = timeline(thread)[-1]
+    assert (failed.status, failed.metadata["error"]) == (
+        CheckpointStatus.FAILED,
+        "RuntimeError: the model's API is down",
+    )
+    assert timeline(thread)[-2].label == "tools: book_flight"
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.FAILED
+
+    pydantic_agents.model_outage.clear()
+    forks.resume_failed(thread=thread, user=admin, reason="The API is back")
+    worker.wait_for_runs(thread)
+    assert final_output(thread) == "Done: booked TP1350 for 129 EUR"
     assert pydantic_agents.calls["book_flight"] == 1
 
 

@@ -55,6 +55,7 @@ from pydantic_core import to_jsonable_python
 from agents import tool_calls
 from agents.fencing import Fence
 from agents.models import ToolCall
+from approvals.models import ApprovalRequest
 from approvals.services import file_in_doubt
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from integrations.pydantic_ai import deferred, threads
@@ -81,8 +82,9 @@ class Checkpointing(AbstractCapability[Any]):
     """The capability a QuicksaveAgent adds to each run: checkpoints and exactly-once tool calls."""
 
     def __init__(self, *, thread: Thread, head: Checkpoint | None, fence: Fence | None,
-                 lease_held: Callable[[], bool]) -> None:  # fmt: skip
+                 lease_held: Callable[[], bool], carried: ApprovalRequest | None = None) -> None:  # fmt: skip
         self.thread = thread
+        self.carried = carried
         self.head = head
         self.state: dict[str, Any] = threads.state_of(head) if head is not None else {"messages": []}
         self.fence = fence
@@ -116,7 +118,7 @@ class Checkpointing(AbstractCapability[Any]):
         stored = dump(messages)
         if stored != self.state["messages"]:
             last = messages[-1]
-            model = last.model_name or "" if isinstance(last, ModelResponse) else ""
+            model = (last.model_name or "") if isinstance(last, ModelResponse) else ""
             await sync_to_async(self.save)({"messages": stored}, label=_label(last), model=model)
         return result
 
@@ -133,6 +135,8 @@ class Checkpointing(AbstractCapability[Any]):
         with transaction.atomic():
             waiting = self.save({"messages": stored, "deferred": described}, label=f"approval: {tools}"[:200],
                                 status=CheckpointStatus.WAITING_FOR_APPROVAL)  # fmt: skip
+            if self.carried is not None:
+                deferred.carry(thread=self.thread, checkpoint=waiting, items=items, approval=self.carried)
             deferred.file_next(thread=self.thread, checkpoint=waiting, items=items, fence=self.fence)
 
     # ----------------------------------------------------------------- tool calls
@@ -197,8 +201,9 @@ class QuicksaveAgent(WrapperAgent[AgentDepsT, Any]):
     """Wrap `wrapped` so its runs checkpoint on the Quicksave thread named by their `conversation_id`.
 
     `name` is the Quicksave agent the threads belong to (default: the wrapped agent's name).
-    `fence`, `lease_held` and `start` are the worker's: the run's claim, whether it still holds its
-    lease, and the checkpoint it goes on from (default: the thread's latest).
+    `fence`, `lease_held`, `start` and `carried` are the worker's: the run's claim, whether it still
+    holds its lease, the checkpoint it goes on from (default: the thread's latest) and a decision a
+    dashboard fork carried over to it.
     """
 
     def __init__(
@@ -210,6 +215,7 @@ class QuicksaveAgent(WrapperAgent[AgentDepsT, Any]):
         fence: Fence | None = None,
         lease_held: Callable[[], bool] | None = None,
         start: Checkpoint | None = None,
+        carried: ApprovalRequest | None = None,
     ) -> None:
         super().__init__(wrapped)
         agent_name = name or wrapped.name
@@ -220,12 +226,14 @@ class QuicksaveAgent(WrapperAgent[AgentDepsT, Any]):
         self.fence = fence
         self.lease_held = lease_held or (lambda: True)
         self.start = start
+        self.carried = carried
 
     def open(self, conversation_id: str) -> Checkpointing:
         """The checkpointing of a run in conversation `conversation_id` (its thread created if new)."""
         thread = threads.open_thread(agent=self.agent_name, version=self.version, conversation_id=conversation_id)
         head = self.start if self.start is not None else threads.head(thread)
-        return Checkpointing(thread=thread, head=head, fence=self.fence, lease_held=self.lease_held)
+        return Checkpointing(thread=thread, head=head, fence=self.fence, lease_held=self.lease_held,
+                             carried=self.carried)  # fmt: skip
 
     @asynccontextmanager
     async def iter(

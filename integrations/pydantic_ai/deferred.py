@@ -14,6 +14,8 @@ When every item is decided the worker resumes the run with all of them as `Defer
 A decision is bound to its checkpoint, its tool call id and the digest of the arguments a person
 saw: a marker row (a tool result keyed by checkpoint and tool call id, written in the approval's
 transaction) records them, and a decision that no longer matches the waiting call fails closed.
+A decision a dashboard fork carries over binds to the call on the new branch that asks for the
+same tool with the same args (`carry`), which is then not asked again.
 """
 
 from __future__ import annotations
@@ -105,6 +107,20 @@ def file_next(*, thread: Thread, checkpoint: Checkpoint, items: list[Item], fenc
     return False
 
 
+def carry(*, thread: Thread, checkpoint: Checkpoint, items: list[Item], approval: ApprovalRequest) -> bool:
+    """Bind a decision a dashboard fork carried over to the item at `checkpoint` that asks for the
+    very call it was made on (the same tool, and the args the person saw), so that item is not asked
+    again; False when no item does."""
+    for item in items:
+        if approval.action == item.tool and tool_key(item.tool, item.asked) == tool_key(approval.action, approval.args):
+            put_tool_result(thread=thread, key=_marker_key(checkpoint, item), tool=f"{MARKER_TOOL}:{approval.pk}",
+                            checkpoint=checkpoint, result={"approval": str(approval.pk), "tool_call_id": item.id,
+                                                           "kind": item.kind, "digest": tool_key(item.tool, item.asked),
+                                                           "carried": True})  # fmt: skip
+            return True
+    return False
+
+
 def decisions(*, thread: Thread, checkpoint: Checkpoint, items: list[Item]) -> dict[str, ApprovalRequest] | None:
     """The decided approval of each item by tool call id, or None while one is not decided.
 
@@ -126,7 +142,7 @@ def decisions(*, thread: Thread, checkpoint: Checkpoint, items: list[Item]) -> d
 
 def _check_binding(approval: ApprovalRequest, marker: ToolResult, checkpoint: Checkpoint, item: Item) -> None:
     bound = (
-        approval.checkpoint_id == checkpoint.pk
+        (approval.checkpoint_id == checkpoint.pk or marker.result.get("carried") is True)
         and marker.tool == f"{MARKER_TOOL}:{approval.pk}"
         and marker.result.get("tool_call_id") == item.id
         and approval.action == item.tool

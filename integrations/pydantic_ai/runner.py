@@ -15,7 +15,8 @@ run's checkpoint (a retried run: from the latest checkpoint on that branch; a de
 thread's head, which must be the checkpoint the decision was made at) with the stored message
 history. A checkpoint waiting on deferred calls resumes once each of them is decided, with the
 decisions as `DeferredToolResults` (integrations.pydantic_ai.deferred); until then the run files
-the next undecided call and stops.
+the next undecided call and stops. A fork that carries a decision over runs the agent from the
+fork, and when the agent defers that very call again, resumes it with the decision at once.
 """
 
 from __future__ import annotations
@@ -52,6 +53,19 @@ class PydanticAIAgent(runtime.LoopAgent):
     def drive(self, run: Run, thread: Thread, *, lease_held: Callable[[], bool]) -> str:
         fence = Fence(run.pk, run.attempts)
         start = _start(run, thread)
+        carried = _carried(run)
+        outcome = self.run_from(start, thread, fence=fence, lease_held=lease_held, carried=carried)
+        latest = threads.latest_on_branch(start)
+        if outcome == "suspended" and carried is not None and latest.pk != start.pk:
+            # The agent deferred the call the fork carried a decision for: go on with that decision now.
+            outcome = self.run_from(latest, thread, fence=fence, lease_held=lease_held, carried=None)
+        return outcome
+
+    def run_from(
+        self, start: Checkpoint, thread: Thread, *, fence: Fence, lease_held: Callable[[], bool],
+        carried: ApprovalRequest | None,
+    ) -> str:  # fmt: skip
+        """Run the agent on from `start`: with the decisions on its deferred calls, once all are made."""
         state = threads.state_of(start)
         if "output" in state:
             return "done"
@@ -69,7 +83,7 @@ class PydanticAIAgent(runtime.LoopAgent):
         except ThreadCancelled:
             return "cancelled"
         agent = QuicksaveAgent(self.build(), name=self.name, version=self.version, fence=fence, lease_held=lease_held,
-                               start=start)  # fmt: skip
+                               start=start, carried=carried)  # fmt: skip
         try:
             async_to_sync(agent.run)(None, conversation_id=thread.external_id, message_history=load(state["messages"]),
                                      deferred_tool_results=results)  # fmt: skip
@@ -116,6 +130,13 @@ def _start(run: Run, thread: Thread) -> Checkpoint:
         return head
     checkpoint = Checkpoint.objects.defer("payload").get(pk=run.checkpoint_id)
     return threads.latest_on_branch(checkpoint) if run.attempts > 1 else checkpoint
+
+
+def _carried(run: Run) -> ApprovalRequest | None:
+    """The decision a dashboard fork carried over to this run, if it did."""
+    if run.reason != RunReason.FORK or run.approval_id is None:
+        return None
+    return ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
 
 
 def _found(exc: BaseException, kind: type[E]) -> E | None:

@@ -240,6 +240,22 @@ def test_a_dashboard_fork_runs_on_from_the_edited_history(admin: User, worker: W
     assert Checkpoint.objects.get(pk=approval.checkpoint_id).branch_id == forked.branch_id
 
 
+def test_a_fork_that_carries_a_decision_over_is_not_asked_again(rita: User, admin: User, worker: WorkerThread) -> None:
+    thread = start(pydantic_agents.TRIPS)
+    waiting = timeline(thread)[-1]
+    approval = decide(approval=pending(thread), user=rita, decision="approve", args={"flight": "TP1350", "price": 99})
+    worker.wait_for_runs(thread)
+
+    forks.fork(checkpoint=waiting, user=admin, reason="Book it again on a branch", resume=True,
+               carry_approval=approval, patch=[])  # fmt: skip
+
+    worker.wait_for_runs(thread)
+    assert not ApprovalRequest.objects.filter(thread=thread, status=ApprovalStatus.PENDING).exists()
+    assert final_output(thread) == "Done: booked TP1350 for 99 EUR"
+    # The fork runs the agent anew: its booking is a call of its own.
+    assert pydantic_agents.calls["book_flight"] == 2
+
+
 def test_a_tool_that_ran_before_its_attempt_lost_the_run_is_not_run_again(rita: User) -> None:
     thread = start(pydantic_agents.TRIPS)
     decide(approval=pending(thread), user=rita, decision="approve")

@@ -30,6 +30,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.db import transaction
 from pydantic_ai import (
+    ApprovalRequired,
+    CallDeferred,
     DeferredToolRequests,
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -158,11 +160,17 @@ class Checkpointing(AbstractCapability[Any]):
         idempotent = (tool_def.metadata or {}).get("idempotent") is True
         begun = await sync_to_async(self._begin)(key, call.tool_name, call.args_as_dict(), idempotent)
         if begun.outcome is tool_calls.Outcome.DONE:
-            return begun.call.result
+            return _replayed(begun.call.result)
         if begun.outcome is tool_calls.Outcome.IN_DOUBT:
             await sync_to_async(self._in_doubt)(begun.call)
             raise CallInDoubt(begun.call)
-        result = await handler(args)
+        try:
+            result = await handler(args)
+        except (CallDeferred, ApprovalRequired) as deferral:
+            # The tool handed the call to a person or another system: what a replay does too.
+            await sync_to_async(tool_calls.finish)(thread_id=self.thread.pk, key=key, result=_deferral(deferral),
+                                                   fence=self.fence)  # fmt: skip
+            raise
         await sync_to_async(tool_calls.finish)(thread_id=self.thread.pk, key=key, result=to_jsonable_python(result),
                                                fence=self.fence)  # fmt: skip
         return result
@@ -176,6 +184,24 @@ class Checkpointing(AbstractCapability[Any]):
         if self.head is None:
             raise RuntimeError(f"Call {call.key[:12]} is in doubt before the thread has a checkpoint.")
         file_in_doubt(call=call, checkpoint=self.head, fence=self.fence)
+
+
+# What the call log records for a tool that deferred its call (CallDeferred, ApprovalRequired).
+DEFERRAL = "quicksave:deferral"
+
+
+def _deferral(deferral: CallDeferred | ApprovalRequired) -> dict[str, Any]:
+    kind = deferral.kind if isinstance(deferral, CallDeferred) else "approval"
+    return {DEFERRAL: kind, "metadata": to_jsonable_python(deferral.metadata)}
+
+
+def _replayed(result: Any) -> Any:
+    """A recorded result as the tool gave it: a recorded deferral is raised again."""
+    if not (isinstance(result, dict) and DEFERRAL in result):
+        return result
+    if result[DEFERRAL] == "approval":
+        raise ApprovalRequired(metadata=result["metadata"])
+    raise CallDeferred(metadata=result["metadata"], kind=result[DEFERRAL])
 
 
 def _call_key(checkpoint: Checkpoint | None, ctx: RunContext[Any], call: ToolCallPart) -> str:

@@ -185,6 +185,15 @@ def test_a_person_supplies_the_result_of_a_call_that_runs_outside_the_agent(rita
     assert final_output(thread) == "Finance says: 1,200 EUR"
 
 
+def test_a_tool_that_defers_its_call_leaves_no_call_in_doubt_behind() -> None:
+    thread = start(pydantic_agents.QUOTE)
+
+    call = ToolCall.objects.get(thread=thread, tool="ask_finance")
+    # Recorded as deferred, so a replay defers again instead of asking whether the call happened.
+    asked = {"message": "What does a laptop cost us?", "risk": "low"}
+    assert (call.state, call.result) == ("done", {"quicksave:deferral": "external", "metadata": asked})
+
+
 def test_a_decision_made_at_another_checkpoint_fails_closed(rita: User, worker: WorkerThread) -> None:
     thread = start(pydantic_agents.TRIPS)
     approval = pending(thread)

@@ -10,9 +10,6 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("pydantic_ai")
-
 from asgiref.sync import async_to_sync
 from django.db import connections
 

@@ -5,16 +5,12 @@ waits in the inbox, and decisions resume it through the worker as `DeferredToolR
 from __future__ import annotations
 
 import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("pydantic_ai")
-
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
 from django.db import connection
@@ -31,10 +27,9 @@ from integrations.pydantic_ai.agent import QuicksaveAgent
 from tests.conftest import person, signed_in
 from tests.integrations import pydantic_agents
 from tests.integrations.conftest import WorkerThread
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -277,7 +272,7 @@ def test_a_tool_that_ran_before_its_attempt_lost_the_run_is_not_run_again(rita: 
 
     assert outcome == "lease_lost"
     assert timeline(thread)[-1].status == CheckpointStatus.WAITING_FOR_APPROVAL
-    second = wait_for(lambda: claim_run(agents=agents, worker="w2"))
+    second = wait_until(lambda: claim_run(agents=agents, worker="w2"), what="the lease of the first attempt to run out")
     assert runtime.execute(second) == "done"
     assert final_output(thread) == "Done: booked TP1350 for 129 EUR"
     assert pydantic_agents.calls["book_flight"] == 1
@@ -344,16 +339,6 @@ def test_a_model_checkpoint_names_its_model() -> None:
     thread = start(pydantic_agents.TRIPS)
 
     assert timeline(thread)[1].model_name == "function:_trips_model:"
-
-
-def wait_for(look: Callable[[], T | None], timeout: float = 10) -> T:
-    """What `look` finds, as soon as it finds something."""
-    deadline = time.monotonic() + timeout
-    while (found := look()) is None:
-        if time.monotonic() > deadline:
-            raise TimeoutError("nothing turned up")
-        time.sleep(0.05)
-    return found
 
 
 def test_the_inbox_and_the_thread_page_show_the_framework_as_a_badge(rita: User) -> None:

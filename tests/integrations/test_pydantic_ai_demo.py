@@ -6,9 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-pytest.importorskip("pydantic_ai")
-
 from django.core.management import call_command
 
 from agents.worker import Worker

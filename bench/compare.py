@@ -397,7 +397,24 @@ def last_error(log: Path) -> str:
     """The last line of a traceback (or of the output) in `log`, for the summary."""
     lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     errors = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Exit)\b", line)]
-    return (errors or lines or ["(no output)"])[-1][:160]
+    last = (errors or lines or ["(no output)"])[-1][:160]
+    if last.startswith("ModuleNotFoundError"):
+        last += f" (a moved module, or a package this tree needs that {sys.executable} lacks)"
+    return last
+
+
+def requirement_differences(old: Tree, new: Tree) -> list[str]:
+    """The requirements files that differ between the trees: both run with this one interpreter."""
+
+    def text(tree: Tree, name: str) -> list[str] | None:
+        """The file's requirement lines, comments left out."""
+        path = tree.path / name
+        if not path.is_file():
+            return None
+        return [kept for line in path.read_text().splitlines() if (kept := line.split("#", 1)[0].strip())]
+
+    names = {path.name for tree in (old, new) for path in tree.path.glob("requirements*.txt")}
+    return sorted(name for name in names if text(old, name) != text(new, name))
 
 
 def turns(repeats: int) -> Iterator[tuple[str, str]]:
@@ -426,12 +443,15 @@ class Row:
         return (self.new - self.old) / abs(self.old)
 
     def flag(self, tolerance: float) -> str:
+        if self.old is None or self.new is None:
+            return "missing"
+        if self.kind == "count":
+            moved_wrong_way = self.new < self.old if self.better == "higher" else self.new > self.old
+            return "WORSE" if moved_wrong_way else ""
         change = self.change()
         if change is None:
-            return "" if self.old is not None and self.new is not None else "missing"
+            return ""
         worse = -change if self.better == "higher" else change
-        if self.kind == "count":
-            return "WORSE" if worse > 0 else ""
         if worse > tolerance:
             return "WORSE" if self.kind == "ratio" else "(worse)"
         return ""
@@ -522,6 +542,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         name_database(tree, editable=tree.path != REPO)
         prepare_database(tree.database, fresh=not args.reuse_db)
         print(f"{tree.side}: {tree.path} (database {tree.database})", flush=True)
+    if differing := requirement_differences(old, new):
+        print(f"[note] {', '.join(differing)} differ between the trees; both run with {sys.executable}", flush=True)
     settings = Settings(
         quick=args.quick, timeout=args.timeout or (1800 if args.quick else 14400), logs=logs,
         redis_url=os.environ.get("REDIS_URL") or DEFAULT_REDIS_URL, checkout=args.langgraph_checkout,

@@ -1,17 +1,25 @@
 """Old against new: every figure the benchmarks in bench/ report, for two revisions in one run.
 
-Usage (from the repository root, with the project's venv)::
+Usage (from the repository root, with the project's venv, DATABASE_URL and REDIS_URL set)::
 
-    .venv/bin/python bench/compare.py --quick          # 8787e87 against the working tree, ~15 min on 2 cores
-    .venv/bin/python bench/compare.py                  # each bench at its own default size (about 1 h 30)
+    .venv/bin/python bench/compare.py --quick          # 8787e87 against the working tree (13 min on 2 busy cores)
+    .venv/bin/python bench/compare.py                  # every bench at its own default size (not timed: 1-2 h)
     .venv/bin/python bench/compare.py --quick --old 8787e87 --new main --only tool_calls,storage
     .venv/bin/python bench/compare.py --quick --repeats 3   # old, new, new, old, old, new: medians of 3
+
+``--quick`` runs each bench at its smallest sensible size (the ``quick`` arguments in BENCHES:
+checkpoint_store at 100 and 300 steps, 3 rounds; langgraph 300 steps; langgraph_ablation 200
+steps, 1 round; tool_calls 300 steps, 3 rounds; storage 300 steps; dashboard at its 10,000
+checkpoints, 15 GETs; approvals 30; LangGraph's test_interruption.py with the in-memory saver and
+QuicksaveSaver). Without it each bench runs with its own defaults, the sizes the README reports.
+A bench with a ratio flagged WORSE runs ``--recheck`` (2) more times a side before the table is
+printed, so one slow minute cannot fail the comparison alone; ``--recheck 0`` for a single pass.
 
 With a checkout of LangGraph's tests (see bench/langgraph_own_tests.py), their pass counts are
 compared too::
 
     .venv/bin/python bench/compare.py --quick --langgraph-checkout /tmp/lgcheckout \\
-        --langgraph-deps /tmp/lgdeps            # a `pip install --target` of the packages its docstring names
+        --langgraph-deps /tmp/lgdeps    # `pip install --target /tmp/lgdeps` of the packages its docstring names
 
 This script imports no application code: each bench runs as ``python bench/<name>.py`` in its
 own process, with the tree it measures as the working directory and first on PYTHONPATH, so
@@ -29,8 +37,9 @@ checkout's bench/ files instead (the checkout is this script's own; nothing is c
 
 Runs take turns per bench: old then new, and with ``--repeats`` the next pair the other way
 round (old, new, new, old, ...), so a slow minute of the machine falls on both. Each run's
-figures are the last line it prints (one JSON object); the table shows the median of each
-figure over the repeats. A ratio is flagged ``WORSE`` when the new value is more than 10%
+figures are the last line it prints (one JSON object; LangGraph's test counts are read from
+its text when the tree's script has no ``--json``); the table shows the median of each figure
+over a side's runs. A ratio is flagged ``WORSE`` when the new value is more than 10%
 (``--tolerance``) worse than the old; absolute times and rates are flagged ``(worse)`` for
 information only, since they follow the machine's load; a test count is flagged when it moves
 the wrong way at all. Every run's output is kept under ``--logs``; ``--json-out`` writes all
@@ -369,17 +378,17 @@ def run_one(bench: Bench, tree: Tree, settings: Settings, attempt: int) -> Run:
     with log.open("w") as out:
         out.write(f"$ {' '.join(cmd)}\n(cwd {tree.path})\n\n")
         out.flush()
-        # Its own session, so that a bench that times out goes with the worker or server it started.
-        proc = subprocess.Popen(cmd, cwd=tree.path, env=environment(bench, tree, settings), stdout=subprocess.PIPE,
-                                stderr=out, text=True, start_new_session=True)  # fmt: skip
+        # The bench writes straight into its log (tail -f it to follow a run), in a session of its
+        # own, so that one that times out goes with the worker or server it started.
+        proc = subprocess.Popen(cmd, cwd=tree.path, env=environment(bench, tree, settings), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
         try:
-            stdout, _ = proc.communicate(timeout=settings.timeout)
-            code = proc.returncode
+            code = proc.wait(timeout=settings.timeout)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-            stdout, _ = proc.communicate()
+            proc.wait()
             code = -1
-        out.write("\n--- stdout\n" + stdout)
+    stdout = log.read_text(errors="replace")
     run = Run(bench=bench.name, side=tree.side, seconds=time.monotonic() - started, log=log)
     data = last_json(stdout) or (own_tests_counts(stdout) if bench.needs_checkout else None)
     if data is not None:
@@ -417,10 +426,10 @@ def requirement_differences(old: Tree, new: Tree) -> list[str]:
     return sorted(name for name in names if text(old, name) != text(new, name))
 
 
-def turns(repeats: int) -> Iterator[tuple[str, str]]:
-    """old, new; then new, old; ... so neither side always runs first."""
-    for repeat in range(repeats):
-        yield ("old", "new") if repeat % 2 == 0 else ("new", "old")
+def turns(attempts: range) -> Iterator[tuple[int, tuple[str, str]]]:
+    """(attempt, order): old, new; then new, old; ... so neither side always runs first."""
+    for attempt in attempts:
+        yield attempt, (("old", "new") if attempt % 2 == 1 else ("new", "old"))
 
 
 # --------------------------------------------------------------------------
@@ -507,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="each bench at its smallest sensible size")
     parser.add_argument("--only", help="comma-separated bench names (default: all)")
     parser.add_argument("--repeats", type=int, default=1, help="runs of each bench per tree (default 1)")
+    parser.add_argument("--recheck", type=int, default=2,
+                        help="more runs a side of each bench with a ratio flagged WORSE (default 2)")  # fmt: skip
     parser.add_argument("--tolerance", type=float, default=0.10, help="worse than this flags a ratio (default 0.10)")
     parser.add_argument("--trees", type=Path, default=Path(tempfile.gettempdir()) / "quicksave-bench-trees",
                         help="where revisions are checked out (default: $TMPDIR/quicksave-bench-trees)")  # fmt: skip
@@ -554,17 +565,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     trees = {"old": old, "new": new}
     runs: list[Run] = []
     started = time.monotonic()
-    for bench in chosen:
-        # Test counts do not move with the machine's load: one run per side is enough.
-        for attempt, order in enumerate(turns(1 if bench.needs_checkout else args.repeats), start=1):
+
+    def take_turns(bench: Bench, attempts: range) -> None:
+        for attempt, order in turns(attempts):
             for side in order:
                 runs.append(run_one(bench, trees[side], settings, attempt))
+
+    for bench in chosen:
+        # Test counts do not move with the machine's load: one run per side is enough.
+        take_turns(bench, range(1, 2 if bench.needs_checkout else args.repeats + 1))
+    flagged = {row.bench for row in rows(runs) if row.flag(args.tolerance) == "WORSE"}
+    again = [bench for bench in chosen if bench.name in flagged and not bench.needs_checkout]
+    if args.recheck and again:
+        print(f"\nflagged: {args.recheck} more run(s) a side of {', '.join(b.name for b in again)}", flush=True)
+        for bench in again:
+            take_turns(bench, range(args.repeats + 1, args.repeats + args.recheck + 1))
     elapsed = time.monotonic() - started
 
     table = rows(runs)
     size = "quick" if args.quick else "full"
-    print(f"\nold = {args.old} ({old.path}), new = {args.new or 'working tree'} ({new.path}); "
-          f"{size} sizes, {args.repeats} run(s) a side, {elapsed / 60:.1f} min\n")  # fmt: skip
+    print(f"\nold = {args.old} ({old.path}), new = {args.new or 'working tree'} ({new.path}); {size} sizes, "
+          f"{args.repeats} run(s) a side (+{args.recheck} if flagged), {elapsed / 60:.1f} min\n")  # fmt: skip
     print_table(table, args.tolerance)
     failures = [run for run in runs if run.error]
     for run in failures:
@@ -575,7 +596,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.json_out.write_text(json.dumps({
             "old": {"revision": args.old, "path": str(old.path)},
             "new": {"revision": args.new or "working tree", "path": str(new.path)},
-            "quick": args.quick, "repeats": args.repeats, "minutes": round(elapsed / 60, 1),
+            "quick": args.quick, "repeats": args.repeats, "recheck": args.recheck, "minutes": round(elapsed / 60, 1),
             "runs": [{"bench": r.bench, "side": r.side, "seconds": round(r.seconds, 1), "log": str(r.log),
                       "error": r.error, "figures": {f.name: f.value for f in r.figures}} for r in runs],
             "table": [{"bench": r.bench, "figure": r.figure, "kind": r.kind, "better": r.better, "old": r.old,

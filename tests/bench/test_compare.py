@@ -41,7 +41,7 @@ def test_each_side_reports_the_median_of_its_runs() -> None:
 
 
 def test_old_and_new_take_turns_at_going_first() -> None:
-    assert list(compare.turns(3)) == [("old", "new"), ("new", "old"), ("old", "new")]
+    assert list(compare.turns(range(1, 4))) == [(1, ("old", "new")), (2, ("new", "old")), (3, ("old", "new"))]
 
 
 def test_the_figures_are_the_last_json_line_printed() -> None:

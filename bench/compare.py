@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the project's venv, DATABASE_URL and REDIS_URL set)::
 
-    .venv/bin/python bench/compare.py --quick          # 8787e87 against the working tree (13 min on 2 busy cores)
+    .venv/bin/python bench/compare.py --quick          # 8787e87 against the working tree (10-20 min, 2 busy cores)
     .venv/bin/python bench/compare.py                  # every bench at its own default size (not timed: 1-2 h)
     .venv/bin/python bench/compare.py --quick --old 8787e87 --new main --only tool_calls,storage
     .venv/bin/python bench/compare.py --quick --repeats 3   # old, new, new, old, old, new: medians of 3
@@ -42,8 +42,9 @@ its text when the tree's script has no ``--json``); the table shows the median o
 over a side's runs. A ratio is flagged ``WORSE`` when the new value is more than 10%
 (``--tolerance``) worse than the old; absolute times and rates are flagged ``(worse)`` for
 information only, since they follow the machine's load; a test count is flagged when it moves
-the wrong way at all. Every run's output is kept under ``--logs``; ``--json-out`` writes all
-figures.
+the wrong way at all. Where a side ran more than once, ``spread`` is how far that figure moved
+between runs of the same code; a flag within it says so, and is worth a quieter run. Every
+run's output is kept under ``--logs``; ``--json-out`` writes all figures.
 """
 
 from __future__ import annotations
@@ -445,6 +446,9 @@ class Row:
     better: Better
     old: float | None
     new: float | None
+    # The widest (max - min) / median of either side's runs: how far this figure moved between
+    # runs of the very same code, against which to read `change`.
+    spread: float | None = None
 
     def change(self) -> float | None:
         if self.old is None or self.new is None or self.old == 0:
@@ -478,9 +482,15 @@ def rows(runs: Sequence[Run]) -> list[Row]:
     return [
         Row(bench, name, meta[(bench, name)].kind, meta[(bench, name)].better,
             statistics.median(sides["old"]) if sides["old"] else None,
-            statistics.median(sides["new"]) if sides["new"] else None)
+            statistics.median(sides["new"]) if sides["new"] else None,
+            max((spread(side) for side in sides.values() if len(side) > 1), default=None))
         for (bench, name), sides in values.items()
     ]  # fmt: skip
+
+
+def spread(values: Sequence[float]) -> float:
+    middle = statistics.median(values)
+    return (max(values) - min(values)) / abs(middle) if middle else 0.0
 
 
 def number(value: float | None) -> str:
@@ -492,16 +502,23 @@ def number(value: float | None) -> str:
 
 
 def print_table(table: Sequence[Row], tolerance: float) -> None:
-    header = f"{'bench':<20} {'figure':<48} {'kind':<8} {'old':>10} {'new':>10} {'change':>8}  flag"
+    header = f"{'bench':<20} {'figure':<48} {'kind':<8} {'old':>10} {'new':>10} {'change':>8} {'spread':>7}  flag"
     print(header)
     print("-" * len(header))
     for row in table:
         change = row.change()
         shown = "-" if change is None else f"{change:+.1%}"
         better = "↑" if row.better == "higher" else "↓"
+        noise = "" if row.spread is None else f"{row.spread:.0%}"
+        flag = row.flag(tolerance)
+        if flag == "WORSE" and change is not None and row.spread is not None and row.spread >= abs(change):
+            flag += " (within spread)"  # runs of the same code moved as much: run it again, quieter
         print(f"{row.bench:<20} {row.figure[:46] + ' ' + better:<48} {row.kind:<8} {number(row.old):>10} "
-              f"{number(row.new):>10} {shown:>8}  {row.flag(tolerance)}")  # fmt: skip
-    print("(↑ higher is better, ↓ lower is better; change is new against old)")
+              f"{number(row.new):>10} {shown:>8} {noise:>7}  {flag}")  # fmt: skip
+    print(
+        "(↑ higher is better, ↓ lower is better; change is new against old; spread: the widest (max - min) /"
+        " median among one side's runs, where a side ran more than once)"
+    )
 
 
 # --------------------------------------------------------------------------
@@ -600,7 +617,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "runs": [{"bench": r.bench, "side": r.side, "seconds": round(r.seconds, 1), "log": str(r.log),
                       "error": r.error, "figures": {f.name: f.value for f in r.figures}} for r in runs],
             "table": [{"bench": r.bench, "figure": r.figure, "kind": r.kind, "better": r.better, "old": r.old,
-                       "new": r.new, "change": r.change(), "flag": r.flag(args.tolerance)} for r in table],
+                       "new": r.new, "change": r.change(), "spread": r.spread, "flag": r.flag(args.tolerance)}
+                      for r in table],
         }, indent=1))  # fmt: skip
     return 1 if worse or failures else 0
 

@@ -38,6 +38,7 @@ def test_each_side_reports_the_median_of_its_runs() -> None:
     (row,) = compare.rows([run("old", 1.0), run("new", 5.0), run("new", 3.0), run("old", 2.0), run("old", 9.0)])
 
     assert (row.old, row.new) == (2.0, 4.0)
+    assert row.spread == (9.0 - 1.0) / 2.0  # old's runs moved more than new's
 
 
 def test_old_and_new_take_turns_at_going_first() -> None:

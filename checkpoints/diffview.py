@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from django.utils.safestring import SafeString, mark_safe
 
-from checkpoints.jsonpatch import PatchError, format_pointer, parse_pointer
+from checkpoints.storage.jsonpatch import PatchError, format_pointer, parse_pointer
 
 Kind = Literal["added", "removed", "changed"]
 SegmentOp = Literal["equal", "insert", "delete", "elided"]

@@ -1,4 +1,7 @@
-"""SealedJSONField: a JSON value stored encrypted under its thread's data key."""
+"""SealedJSONField: a JSON value stored encrypted under its thread's data key.
+
+The models import this module, and the storage engine imports the models, so the engine's
+modules are imported where they are used, once the apps are loaded."""
 
 from __future__ import annotations
 
@@ -64,18 +67,20 @@ class SealedJSONField(models.BinaryField):  # type: ignore[type-arg]  # not subs
         setattr(cls, self.attname, _SealedAttribute(self))
 
     def associated_data(self, instance: models.Model) -> bytes:
+        from checkpoints.storage.crypto import associated_data
+
         return associated_data(
             f"{instance._meta.db_table}.{self.column}", *(getattr(instance, name) for name in self.bind)
         )
 
     def seal(self, instance: models.Model, value: Any) -> bytes:
-        from checkpoints import codec, crypto
+        from checkpoints.storage import codec, crypto
 
         framed = codec.encode(codec.to_canonical_bytes(value))
         return crypto.seal(instance.thread_id, self.associated_data(instance), framed)  # type: ignore[attr-defined]
 
     def open(self, instance: models.Model, blob: bytes | None) -> Any:
-        from checkpoints import codec, crypto
+        from checkpoints.storage import codec, crypto
 
         if blob is None:
             return None
@@ -97,16 +102,11 @@ class SealedJSONField(models.BinaryField):  # type: ignore[type-arg]  # not subs
         return json.dumps(self.value_from_object(obj))
 
 
-def associated_data(name: str, *parts: Any) -> bytes:
-    """`table.column/part/part…` as bytes: what a sealed value is bound to."""
-    return "/".join([name, *(str(part) for part in parts)]).encode()
-
-
 def unreadable(instance: models.Model, *names: str) -> str:
     """Why the named sealed fields of `instance` do not open ("" when they all do): an altered row,
     or a thread data key that no longer unwraps. Pages and the API show such a row as unreadable
     instead of failing for everyone."""
-    from checkpoints.errors import IntegrityFailure
+    from checkpoints.storage.errors import IntegrityFailure
 
     try:
         for name in names:

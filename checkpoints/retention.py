@@ -1,7 +1,7 @@
 """Retention: each agent's policy for how long finished threads are kept and when long histories
 are compacted, and `prune`, which applies every agent's policy (`manage.py prune`).
 
-Deleting goes through `store.delete_thread` (which destroys the thread's data key). Compaction
+Deleting goes through `storage.delete_thread` (which destroys the thread's data key). Compaction
 keeps every Nth checkpoint of each branch, counted from its first, plus every checkpoint something
 points at (branch heads, fork points, approvals, runs), and rewrites the rows after each gap so
 that every remaining state still materialises and verifies:
@@ -42,11 +42,12 @@ from django.utils import timezone
 from agents.models import Agent, Run, RunStatus
 from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import blobs, codec, crypto, hotcache, store
-from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import PatchError, apply_patch, json_equal, make_patch
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ThreadStatus
-from checkpoints.verify import mac_matches
+from checkpoints.storage import codec, crypto, garbage, hotcache
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.jsonpatch import PatchError, apply_patch, json_equal, make_patch
+from checkpoints.storage.verify import mac_matches
 from quicksave.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -305,7 +306,7 @@ def prune(
 
 def _collect_blobs(report: PruneReport) -> None:
     try:
-        collected = blobs.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
+        collected = garbage.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
     except Exception as exc:  # a storage outage must not hide what prune already did
         log.exception("prune: collecting unreferenced blobs failed")
         report.blob_error = str(exc) or type(exc).__name__
@@ -350,7 +351,7 @@ def _delete_expired(thread_id: UUID, *, expired: Q, dry_run: bool) -> tuple[int,
             checkpoints=Count("id"), bytes=Sum(Func(F("payload"), function="octet_length"))
         )
         if not dry_run:
-            store.delete_thread(thread)
+            storage.delete_thread(thread)
     return counts["checkpoints"] or 0, counts["bytes"] or 0
 
 
@@ -435,7 +436,7 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 2:
         raise InvalidPolicy(f"{LABELS['keep_every']} must be a whole number of checkpoints from 2; got {keep_every!r}.")
-    store.clear_caches()  # replay from the database, not from states this process cached earlier
+    storage.clear_caches()  # replay from the database, not from states this process cached earlier
     changed: list[UUID] = []
     try:
         with transaction.atomic():
@@ -459,13 +460,13 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
             _drop_hot(changed, strict=True)
             _apply(row, kept=kept, removed=removed)
             _check_result(kept)
-            store.record_event(thread=row, type="thread.compacted", data={
+            storage.record_event(thread=row, type="thread.compacted", data={
                 "removed": result.removed, "kept": len(kept), "keep_every": keep_every,
             })  # fmt: skip
             # Compaction is not activity: the thread keeps its age for the deletion rules.
             Thread.objects.filter(pk=thread_id).update(updated_at=row.updated_at)
     finally:
-        store.clear_caches()
+        storage.clear_caches()
     # A reader that replayed the old rows just before the commit may have put a head back.
     _drop_hot(changed, strict=False)
     return result
@@ -552,7 +553,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                 )
             old_macs[row.pk] = bytes(row.integrity)
             old_chain_bytes[row.pk] = row.chain_bytes
-            value = store.decode_payload(row)
+            value = storage.decode_payload(row)
             if row.kind == PayloadKind.SNAPSHOT:
                 state = value
             elif state is None:
@@ -574,7 +575,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
             new.integrity = codec.integrity_mac(
                 parent_integrity=kept[new.parent_id].integrity if new.parent_id is not None else None,
                 checkpoint_id=row.pk, thread_id=row.thread_id, branch_id=row.branch_id, parent_id=new.parent_id,
-                seq=row.seq, kind=new.kind, payload=new.payload, fields=store.mac_fields(row),
+                seq=row.seq, kind=new.kind, payload=new.payload, fields=storage.mac_fields(row),
                 created_at=row.created_at,
             )  # fmt: skip
             new.changed = new.rewritten or (new.integrity, new.chain_length, new.chain_bytes) != (
@@ -616,7 +617,7 @@ def _kept_row(
         return parent.chain_length + step, parent.chain_bytes + own_bytes
 
     def too_long(length: int, chain_bytes: int) -> bool:
-        return length >= snapshot_every or chain_bytes * store.REPLAY_COST_PER_BYTE > row.state_bytes
+        return length >= snapshot_every or chain_bytes * storage.REPLAY_COST_PER_BYTE > row.state_bytes
 
     def snapshot() -> _Kept:
         return _Kept(row.pk, row.branch_id, row.seq, parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal),
@@ -654,8 +655,8 @@ def _encode(row: Checkpoint, value: Any, seal: bool) -> bytes:
     """The payload for `value`. A dry run writes nothing, not even an offloaded large value, so it
     seals without offloading: the size is exact unless a value above QUICKSAVE_OFFLOAD_BYTES is in it."""
     if seal:
-        return store.encode_payload(thread_id=row.thread_id, checkpoint_id=row.pk, value=value)
-    return crypto.seal(row.thread_id, store.payload_ad(row.pk), codec.encode(codec.to_canonical_bytes(value)))
+        return storage.encode_payload(thread_id=row.thread_id, checkpoint_id=row.pk, value=value)
+    return crypto.seal(row.thread_id, storage.payload_ad(row.pk), codec.encode(codec.to_canonical_bytes(value)))
 
 
 def _apply(thread: Thread, *, kept: list[_Kept], removed: set[UUID]) -> None:
@@ -700,11 +701,11 @@ def _check_result(kept: list[_Kept]) -> None:
     row before a snapshot) and compare it with the state it had: each such replay checks every row
     of its chain, so together they check every kept row's MAC, link and delta."""
     continues = {k.parent_id for k in kept if k.kind == PayloadKind.DELTA}
-    store.clear_caches()
+    storage.clear_caches()
     for k in kept:
         if k.id in continues:
             continue
-        state = store.load_node(k.id).state
+        state = storage.load_node(k.id).state
         if hashlib.sha256(codec.to_canonical_bytes(state)).digest() != k.digest:
             raise IntegrityFailure(f"Compaction would change checkpoint {k.id}'s state; nothing was changed.")
 

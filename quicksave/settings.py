@@ -130,7 +130,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# Large values moved out of checkpoints (checkpoints/blobs.py): the filesystem under var/blobs,
+# Large values moved out of checkpoints (checkpoints/storage/blobs.py): the filesystem under var/blobs,
 # or any S3-compatible store through django-storages.
 QUICKSAVE_OFFLOAD_BYTES = envint("QUICKSAVE_OFFLOAD_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_BLOB_STORAGE = envstr("QUICKSAVE_BLOB_STORAGE", "filesystem")
@@ -234,12 +234,12 @@ QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
 QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
 
-# Hot path (checkpoints/hotcache.py): head states in Redis, when REDIS_URL is set.
+# Hot path (checkpoints/storage/hotcache.py): head states in Redis, when REDIS_URL is set.
 QUICKSAVE_HOT_TTL_SECONDS = envint("QUICKSAVE_HOT_TTL_SECONDS", 3600, minimum=0)
 QUICKSAVE_HOT_TIMEOUT_MS = envint("QUICKSAVE_HOT_TIMEOUT_MS", 250, minimum=1)
 QUICKSAVE_HOT_RETRY_SECONDS = envint("QUICKSAVE_HOT_RETRY_SECONDS", 2, minimum=0)
 
-# Encryption at rest (checkpoints/crypto.py): master keys that wrap each thread's data key.
+# Encryption at rest (checkpoints/storage/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
 QUICKSAVE_ENCRYPTION_KEYS = envsecret(
     "QUICKSAVE_ENCRYPTION_KEYS",

@@ -13,7 +13,7 @@ from django.test import Client
 
 from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
 from approvals.services import request_approval
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
 from tests.conftest import person, signed_in
 
@@ -39,7 +39,7 @@ def admin(db: Any) -> Client:
 
 @pytest.fixture
 def world(thread: Thread) -> dict[str, str]:
-    first = store.append_checkpoint(thread=thread, parent=None, state={"d": [0], "a": 1})
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"d": [0], "a": 1})
     approval = request_approval(thread=thread, checkpoint=first, action="deploy", args={"env": "prod"})
     return {"thread": str(thread.pk), "checkpoint": str(first.pk), "approval": str(approval.pk)}
 

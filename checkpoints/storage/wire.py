@@ -33,7 +33,7 @@ from psycopg import abc, errors, generators, pq
 from psycopg.adapt import AdaptersMap, PyFormat, Transformer
 from psycopg.types.numeric import Int8BinaryDumper
 
-from checkpoints.pool import Pool
+from checkpoints.storage.pool import Pool
 
 Row = tuple[bytes | None, ...]
 # SQLSTATE invalid_sql_statement_name: the statement is not prepared on this connection.

@@ -17,12 +17,12 @@ from rest_framework.test import APIClient
 
 from agents.models import Agent, Run, RunReason, RunStatus
 from agents.runs import LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 
 
 def queued(thread: Thread, n: int = 1) -> list[Run]:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     return [enqueue_run(thread=thread, checkpoint=checkpoint, reason=RunReason.MANUAL) for _ in range(n)]
 
 
@@ -69,7 +69,7 @@ def test_heartbeats_keep_the_lease_and_complete_closes_the_run(thread: Thread, a
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_workers_never_claim_the_same_run(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     queued(thread, 12)
     claimed: list[str] = []
     lock = threading.Lock()
@@ -126,8 +126,8 @@ def test_failing_a_run_records_the_error(owner_client: APIClient, thread: Thread
 def test_a_long_poll_is_woken_by_the_notification_not_the_timeout(
     live_server: Any, agent: Agent, agent_key: str
 ) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    thread, _ = storage.create_thread(agent=agent)
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     outcome: dict[str, Any] = {}
 
     def poll() -> None:

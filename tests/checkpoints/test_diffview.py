@@ -6,7 +6,7 @@ from typing import Any
 
 from checkpoints import diffview
 from checkpoints.diffview import Segment, build_diff, pretty, render_tree, word_diff
-from checkpoints.jsonpatch import make_patch
+from checkpoints.storage.jsonpatch import make_patch
 
 PLAN = (
     "Fly from Berlin to Lisbon on Monday morning, check in at a hotel near Alfama, spend two days "

@@ -6,16 +6,16 @@ import pytest
 from django.db import connection
 
 from agents.models import Agent
-from checkpoints import store
-from checkpoints.errors import InvalidState, NotFound
+from checkpoints import storage
 from checkpoints.models import ToolResult
-from checkpoints.tools import add_tool_results, get_tool_result, put_tool_result, put_tool_results
+from checkpoints.storage.errors import InvalidState, NotFound
+from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_batch_put_stores_new_keys_and_keeps_the_first_result_of_known_ones(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="search:1", result={"hits": 1}, tool="search")
 
     stored = put_tool_results(
@@ -31,7 +31,7 @@ def test_a_batch_put_stores_new_keys_and_keeps_the_first_result_of_known_ones(ag
 
 
 def test_a_batch_with_one_bad_result_writes_none_of_them(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
 
     with pytest.raises(InvalidState, match="result"):
         put_tool_results(thread=thread, results=[("ok", {"a": 1}), ("bad", {"a": float("nan")})])
@@ -50,7 +50,7 @@ def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
             (count,) = cursor.fetchone()
         return int(count)
 
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="one", result={"n": 1})
     after_one = prepared()
     put_tool_results(thread=thread, results=[("two", 2), ("three", [3]), ("four", {"n": 4})])
@@ -63,7 +63,7 @@ def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
 
 
 def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_ones(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="w:1", result={"v": 1}, tool="write")
 
     added = add_tool_results(thread=thread, tool="write", results=[("w:1", {"v": 99}), ("w:2", b"x".hex())])
@@ -77,8 +77,8 @@ def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_
 
 @pytest.mark.django_db(transaction=True)
 def test_a_put_into_a_thread_deleted_meanwhile_is_not_found(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    store.delete_thread(thread)  # by another request, after this one read the thread
+    thread, _ = storage.create_thread(agent=agent)
+    storage.delete_thread(thread)  # by another request, after this one read the thread
 
     with pytest.raises(NotFound):
         put_tool_result(thread=thread, key="late", result={"n": 1})

@@ -1,4 +1,4 @@
-"""checkpoints.wire: a prepared statement sent before its caller's work and answered after it,
+"""checkpoints.storage.wire: a prepared statement sent before its caller's work and answered after it,
 and the store's append in autocommit, which goes through it."""
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from django.db import connection, transaction
 from psycopg.adapt import Transformer
 
 from agents.models import Agent
-from checkpoints import live, store, wire
-from checkpoints.errors import StaleParent
+from checkpoints import live, storage
 from checkpoints.models import Checkpoint, Event
+from checkpoints.storage import append, nodes, wire
+from checkpoints.storage.errors import StaleParent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,8 +73,8 @@ def test_a_statement_refuses_a_connection_inside_a_transaction() -> None:
 def test_appends_go_on_after_the_connections_prepared_statements_are_deallocated(agent: Agent) -> None:
     # psycopg sends DEALLOCATE ALL after a rollback once it has prepared statements of its own
     # (a DEALLOCATE ALL of the test's own would leave psycopg's cache wrong for later tests).
-    thread = store.create_thread(agent=agent)[0]
-    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    thread = storage.create_thread(agent=agent)[0]
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1})
     conn = psycopg_connection()
     psycopg.Cursor(conn).execute("SELECT 1", prepare=True)  # Django's own cursors bind client-side
     with contextlib.suppress(RuntimeError), transaction.atomic():
@@ -82,22 +83,22 @@ def test_appends_go_on_after_the_connections_prepared_statements_are_deallocated
     assert conn.execute("SELECT count(*) FROM pg_prepared_statements WHERE name = 'quicksave_append'").fetchone() == (
         0,
     )
-    second = store.append_checkpoint(thread=thread, parent=first, patch=[{"op": "replace", "path": "/n", "value": 2}])
-    assert store.state_at(second.pk) == {"n": 2}
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=[{"op": "replace", "path": "/n", "value": 2}])
+    assert storage.state_at(second.pk) == {"n": 2}
     assert Event.objects.filter(thread=thread, type="checkpoint.created").count() == 2
 
 
 def test_a_stale_append_in_autocommit_names_the_head_and_leaves_nothing_behind(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
-    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
-    head = store.append_checkpoint(thread=thread, parent=first, state={"n": 2})
-    cached = len(store._cache._nodes)
+    thread = storage.create_thread(agent=agent)[0]
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    head = storage.append_checkpoint(thread=thread, parent=first, state={"n": 2})
+    cached = len(nodes.states._nodes)
     with pytest.raises(StaleParent) as raised:
-        store.append_checkpoint(thread=thread, parent=first, state={"n": 3})
+        storage.append_checkpoint(thread=thread, parent=first, state={"n": 3})
     assert raised.value.detail["head"] == str(head.pk)
     assert Checkpoint.objects.filter(thread=thread).count() == 2
     # The node cached while the server answered is dropped again.
-    assert len(store._cache._nodes) == cached
+    assert len(nodes.states._nodes) == cached
 
 
 def test_the_cached_append_cursor_does_not_keep_a_replaced_connection_alive() -> None:
@@ -108,12 +109,12 @@ def test_the_cached_append_cursor_does_not_keep_a_replaced_connection_alive() ->
         return psycopg.connect(dbname=db["NAME"], **{k: v for k, v in params.items() if v})
 
     first = connect()
-    assert store._append_cursor(first) is store._append_cursor(first)  # reused on its connection
+    assert append._append_cursor(first) is append._append_cursor(first)  # reused on its connection
     gone = weakref.ref(first)
     first.close()
     del first
     with connect() as second:
-        assert store._append_cursor(second).connection is second
+        assert append._append_cursor(second).connection is second
         gc.collect()
         assert gone() is None
 
@@ -141,8 +142,8 @@ def test_two_statements_cannot_share_a_name() -> None:
 def test_an_append_whose_caller_fails_after_it_went_out_still_publishes_its_event(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    thread = store.create_thread(agent=agent)[0]
-    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    thread = storage.create_thread(agent=agent)[0]
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1})
     published: list[int] = []
     monkeypatch.setattr(live, "publish", lambda **event: published.append(event["seq"]))
 
@@ -151,7 +152,7 @@ def test_an_append_whose_caller_fails_after_it_went_out_still_publishes_its_even
 
     monkeypatch.setattr(Checkpoint, "from_db", broken)
     with pytest.raises(RuntimeError):
-        store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2})
+        storage.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2})
     event = Event.objects.get(thread=thread, type="checkpoint.created", data__seq=2)
     assert published == [event.seq]  # it landed, and its event went out
 

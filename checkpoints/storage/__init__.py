@@ -1,0 +1,82 @@
+"""The checkpoint storage engine: the one writer of the checkpoint chain and the reader of its states.
+
+It owns the `checkpoints_checkpoint`, `_branch`, `_event`, `_materialisedhead`, `_threadkey`,
+`_blob` and `_toolresult` rows as the engine writes them: a checkpoint's payload (a delta or a
+snapshot, framed by `codec`, sealed by `crypto`, large values offloaded by `blobs`), its
+integrity MAC chained from its parent's, and the caches that save replays (this process's
+`nodes`, Redis's `hotcache`).
+
+Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
+approvals) use the names below. The modules behind them are internal; the primitives a few
+callers need by module are `codec` (framing and MACs), `crypto` (sealing a value to its row),
+`jsonpatch` (RFC 6902), `hotcache.status` and `blobs` (reading an offloaded value).
+
+It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
+`timeline`, `svg`), nor approvals or agents beyond `agents.fencing` (the lease check its
+append statement embeds) and the `Agent` model a thread belongs to.
+"""
+
+from checkpoints.storage.append import append_checkpoint
+from checkpoints.storage.branches import MAIN_BRANCH, branch_head, forget_branches, get_branch_name
+from checkpoints.storage.errors import (
+    IntegrityFailure,
+    InvalidPatch,
+    InvalidState,
+    NotFound,
+    StaleParent,
+    StateTooLarge,
+    StoreError,
+)
+from checkpoints.storage.nodes import Node
+from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
+from checkpoints.storage.reads import (
+    REPLAY_COST_PER_BYTE,
+    clear_caches,
+    clone,
+    diff,
+    latest_state,
+    load_node,
+    state_at,
+)
+from checkpoints.storage.threads import create_thread, delete_thread, record_event, set_thread_status, start_branch
+from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
+from checkpoints.storage.verify import Problem, mac_matches, verify_thread
+
+__all__ = [
+    "MAIN_BRANCH",
+    "REPLAY_COST_PER_BYTE",
+    "IntegrityFailure",
+    "InvalidPatch",
+    "InvalidState",
+    "Node",
+    "NotFound",
+    "Problem",
+    "StaleParent",
+    "StateTooLarge",
+    "StoreError",
+    "add_tool_results",
+    "append_checkpoint",
+    "branch_head",
+    "clear_caches",
+    "clone",
+    "create_thread",
+    "decode_payload",
+    "delete_thread",
+    "diff",
+    "encode_payload",
+    "forget_branches",
+    "get_branch_name",
+    "get_tool_result",
+    "latest_state",
+    "load_node",
+    "mac_fields",
+    "mac_matches",
+    "payload_ad",
+    "put_tool_result",
+    "put_tool_results",
+    "record_event",
+    "set_thread_status",
+    "start_branch",
+    "state_at",
+    "verify_thread",
+]

@@ -1,0 +1,104 @@
+"""Branches by name: their ids and fork points (which never change, so this process caches
+them) and their heads."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+import psycopg
+from django.db import connection
+
+from checkpoints.models import (
+    Branch,
+    Checkpoint,
+)
+from checkpoints.storage.errors import (
+    NotFound,
+)
+
+MAIN_BRANCH = "main"
+
+_branches: dict[tuple[UUID, str], tuple[int, UUID | None]] = {}
+_branch_names: dict[int, str] = {}
+
+
+def forget_thread(thread_id: UUID) -> None:
+    for key in [key for key in _branches if key[0] == thread_id]:
+        branch_id, _ = _branches.pop(key)
+        _branch_names.pop(branch_id, None)
+
+
+def forget_all() -> None:
+    _branches.clear()
+    _branch_names.clear()
+
+
+def forget_branches(thread_id: UUID) -> None:
+    """Forget a thread's cached branch ids. A caller whose transaction created a branch and then
+    rolled back calls it, so the next write does not find the rolled-back branch's id here."""
+    forget_thread(thread_id)
+
+
+def branch_head(*, thread_id: UUID, branch_id: int) -> tuple[UUID, int] | None:
+    """(id, seq) of the newest checkpoint on a branch, or None while it is empty."""
+    row = (
+        Checkpoint.objects.filter(thread_id=thread_id, branch_id=branch_id)
+        .order_by("-seq")
+        .values_list("id", "seq")
+        .first()
+    )
+    return (row[0], row[1]) if row else None
+
+
+def branch_by_name(thread_id: UUID, name: str) -> tuple[int, UUID | None]:
+    """(id, fork point) of a thread's branch by name; both never change, so they are cached."""
+    key = (thread_id, name)
+    known = _branches.get(key)
+    if known is None:
+        found = Branch.objects.filter(thread_id=thread_id, name=name).values_list("id", "fork_point_id").first()
+        if found is None:
+            raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})
+        known = _remember_branch(thread_id, name, found[0], found[1])
+    return known
+
+
+def _remember_branch(thread_id: UUID, name: str, branch_id: int, fork_point: UUID | None) -> tuple[int, UUID | None]:
+    _branches[thread_id, name] = (branch_id, fork_point)
+    _branch_names[branch_id] = name
+    return branch_id, fork_point
+
+
+def get_branch_name(branch_id: int) -> str:
+    name = _branch_names.get(branch_id)
+    if name is None:
+        found = Branch.objects.filter(pk=branch_id).values_list("name", flat=True).first()
+        if found is None:
+            raise NotFound(f"Branch {branch_id} no longer exists (its thread was deleted).")
+        name = _branch_names[branch_id] = found
+    return name
+
+
+_BRANCH_HEAD_SQL = """
+SELECT b.id, b.fork_point_id, h.id
+FROM checkpoints_branch b
+LEFT JOIN LATERAL (
+    SELECT c.id FROM checkpoints_checkpoint c WHERE c.thread_id = b.thread_id AND c.branch_id = b.id
+    ORDER BY c.seq DESC LIMIT 1
+) h ON TRUE
+WHERE b.thread_id = %(thread)s AND b.name = %(name)s
+"""
+
+
+def head_by_name(thread_id: UUID, name: str) -> UUID | None:
+    if (thread_id, name) in _branches:
+        head = branch_head(thread_id=thread_id, branch_id=_branches[thread_id, name][0])
+        return head[0] if head else None
+    connection.ensure_connection()
+    with psycopg.Cursor(connection.connection) as cursor:
+        cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name}, prepare=True)
+        found = cursor.fetchone()
+    if found is None:
+        raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})
+    _remember_branch(thread_id, name, found[0], found[1])
+    head_id: UUID | None = found[2]
+    return head_id

@@ -99,11 +99,12 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
-        # The checkpoint store's hot statement is prepared once per connection
-        # (Django's own cursors bind client-side and never prepare). Under ASGI each
-        # request runs in its own thread, so without a pool every request would open
-        # a new connection; the pool hands it a warm one instead.
-        "OPTIONS": {"prepare_threshold": 5, **pool, **query},
+        # Server-side binding: the storage engine's statements (the append, the replay's reads)
+        # run on Django's cursors, so its query log, debugging tools and tracing see them, and
+        # psycopg prepares each on a connection once it has run `prepare_threshold` times.
+        # Under ASGI each request runs in its own thread, so without a pool every request would
+        # open a new connection (and prepare again); the pool hands it a warm one instead.
+        "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5, **pool, **query},
         "CONN_MAX_AGE": 0 if pool else envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         "CONN_HEALTH_CHECKS": not pool,
         "TEST": {"NAME": envstr("DATABASE_TEST_NAME") or None},

@@ -21,14 +21,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
@@ -44,7 +43,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, codec, hotcache, wire
+from checkpoints.storage import blobs, codec, hotcache
 from checkpoints.storage.branches import MAIN_BRANCH, branch_by_name, branch_head, forget_thread, get_branch_name
 from checkpoints.storage.errors import (
     InvalidState,
@@ -54,6 +53,7 @@ from checkpoints.storage.errors import (
 from checkpoints.storage.nodes import Node, states
 from checkpoints.storage.payloads import offloaded, seal_payload
 from checkpoints.storage.reads import REPLAY_COST_PER_BYTE, load_node
+from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
 
 log = logging.getLogger(__name__)
@@ -169,8 +169,6 @@ def append_checkpoint(
     }  # fmt: skip
 
     if tool_results:
-        from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
-
         for index, item in enumerate(tool_results):
             if (
                 not isinstance(item, dict)
@@ -187,19 +185,17 @@ def append_checkpoint(
                 )
 
     try:
-        with transaction.atomic() if tool_results else contextlib.nullcontext(), _appending(params) as written:
-            # In autocommit, done while the server executes and commits the append (see
-            # checkpoints.storage.wire). The new id is in no one else's hands yet, so caching its node
-            # first is safe; it is dropped again if the append turns out to have written nothing.
-            states.put(
+        with transaction.atomic() if tool_results else contextlib.nullcontext():
+            if not _append(params):
+                raise _refused(params, branch_name=branch_name, fence=fence)
+            states.remember(
+                checkpoint_id,
                 Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
                      state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
-                     integrity=integrity)
+                     integrity=integrity),
             )  # fmt: skip
             params["metadata"] = fields["metadata"]
-            checkpoint = Checkpoint.from_db("default", _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
-            if not written():
-                raise _refused(params, branch_name=branch_name, fence=fence)
+            checkpoint = Checkpoint.from_db(DEFAULT_DB_ALIAS, _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
             for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
@@ -274,68 +270,31 @@ RETURNING seq
 _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 
 
-_APPEND = wire.Statement.named("quicksave_append", _APPEND_SQL)
-
-
-@contextlib.contextmanager
-def _appending(params: dict[str, Any]) -> Iterator[Callable[[], bool]]:
-    """Send the append and yield what reads its outcome: True once it wrote (its event is then
-    published when committed), False when it wrote nothing (another write got there first,
-    or the parent's MAC changed).
-
-    In autocommit the statement goes out before the block runs and commits on its own; in
-    a transaction (tool results, a caller's atomic block) psycopg's cursor runs it there.
-    """
-    db = connections[DEFAULT_DB_ALIAS]
-    db.ensure_connection()
-    conn = db.connection
+def _append(params: dict[str, Any]) -> bool:
+    """Run the append on Django's connection: True when it wrote (its event is then published
+    once committed), False when it wrote nothing (another write got there first, the parent's
+    MAC changed, or the run's lease is lost)."""
     try:
-        if conn.autocommit:
-            with _APPEND.sent(conn, params) as reply:
-                written = functools.cache(lambda: _published(params, reply.rows(), live.publish))
-                try:
-                    yield written
-                except BaseException:
-                    # The block failed after the append went out: it may have landed all the
-                    # same, and then its event goes out too.
-                    with contextlib.suppress(psycopg.Error):
-                        written()
-                    raise
-        else:
-            cursor = _append_cursor(conn)
-            cursor.execute(_APPEND_SQL, params, prepare=True)
-            yield lambda: _published(params, cursor.fetchall(), live.publish_on_commit)
-    except psycopg.errors.ForeignKeyViolation:
+        with connection.cursor() as cursor:
+            # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
+            # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
+            # thread's growing sizes do not prepare the append again each time they cross a boundary.
+            cursor.adapters.register_dumper(int, Int8Dumper)
+            cursor.adapters.register_dumper(int, Int8BinaryDumper)
+            cursor.execute(_APPEND_SQL, params)
+            rows = cursor.fetchall()
+    except IntegrityError as exc:
+        if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+            raise
         # The branch (and so the thread) was deleted after this process cached it.
         forget_thread(params["thread_id"])
         raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
-
-
-def _published(params: dict[str, Any], rows: Sequence[tuple[Any, ...]], publish: Callable[..., None]) -> bool:
     if not rows:
         return False
-    publish(thread_id=params["thread_id"], seq=int(rows[0][0]), type="checkpoint.created", data=params["event"].obj)
+    live.publish_on_commit(
+        thread_id=params["thread_id"], seq=int(rows[0][0]), type="checkpoint.created", data=params["event"].obj
+    )
     return True
-
-
-# A cursor runs the append inside a transaction: psycopg keeps a cursor's adapters for the
-# statement it last ran, so the next append finds the dumpers of its parameters instead of
-# looking each up again. One per thread, for the connection the thread used last: a cursor
-# holds its connection, so one cached per connection would keep every closed one alive; this
-# way each thread keeps at most its last.
-_append_cursors = threading.local()
-
-
-def _append_cursor(conn: psycopg.Connection[Any]) -> psycopg.Cursor[Any]:
-    cursor: psycopg.Cursor[Any] | None = getattr(_append_cursors, "cursor", None)
-    if cursor is None or cursor.connection is not conn or cursor.closed:
-        cursor = _append_cursors.cursor = psycopg.Cursor(conn)
-        # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
-        # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
-        # thread's growing sizes do not prepare the append again each time they cross a boundary.
-        cursor.adapters.register_dumper(int, Int8Dumper)
-        cursor.adapters.register_dumper(int, Int8BinaryDumper)
-    return cursor
 
 
 def _refused(params: dict[str, Any], *, branch_name: str, fence: Fence | None = None) -> Exception:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from uuid import UUID
 
-import psycopg
 from django.db import connection
 
 from checkpoints.models import (
@@ -93,9 +92,8 @@ def head_by_name(thread_id: UUID, name: str) -> UUID | None:
     if (thread_id, name) in _branches:
         head = branch_head(thread_id=thread_id, branch_id=_branches[thread_id, name][0])
         return head[0] if head else None
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name}, prepare=True)
+    with connection.cursor() as cursor:
+        cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name})
         found = cursor.fetchone()
     if found is None:
         raise NotFound(f"Thread {thread_id} has no branch named '{name}'.", detail={"field": "branch"})

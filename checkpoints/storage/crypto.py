@@ -25,7 +25,6 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
@@ -131,10 +130,10 @@ _KEY_SQL = "SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE threa
 
 
 def _load(thread_id: UUID) -> AESGCM | None:
-    # Every new process reads this before its first payload: a prepared statement, not the ORM.
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_KEY_SQL, [thread_id], prepare=True)
+    # Every new process reads this before its first payload: one statement the server prepares
+    # (prepare_threshold), not the ORM's.
+    with connection.cursor() as cursor:
+        cursor.execute(_KEY_SQL, [thread_id])
         row = cursor.fetchone()
     if row is None:
         return None

@@ -9,9 +9,8 @@ from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
-import psycopg
 from django.db import DatabaseError, connection, transaction
-from psycopg.types.json import JsonbBinaryLoader
+from psycopg.types.json import set_json_loads
 
 from checkpoints.models import (
     Checkpoint,
@@ -91,12 +90,6 @@ SELECT {_ROW_COLUMNS}, {_PARENT_MAC} FROM chain c ORDER BY c.depth DESC
 """
 
 
-class _StoredJsonb(JsonbBinaryLoader):
-    """jsonb in binary results, parsed as every stored JSON value is (codec.loads)."""
-
-    _loads = staticmethod(codec.loads)
-
-
 class _Head(NamedTuple):
     """A branch's materialised head that lies on the path a replay walks (see MaterialisedHead)."""
 
@@ -120,12 +113,9 @@ WHERE c.id = %(id)s
 def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _Head | None]:
     """The rows from the nearest snapshot up to the checkpoint, oldest first, or only those from
     its branch's materialised head on (returned with it) when that lies on the way."""
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        # Binary results: a payload arrives as its bytes, not as hex text twice its size for
-        # the server to write and this process to decode (a megabyte head: 0.8 ms, not 4.8).
-        cursor.adapters.register_loader("jsonb", _StoredJsonb)
-        cursor.execute(_TARGET_SQL, {"id": checkpoint_id}, prepare=True, binary=True)
+    with connection.cursor() as cursor:
+        set_json_loads(codec.loads, cursor)  # jsonb parsed as every stored JSON value is
+        cursor.execute(_TARGET_SQL, {"id": checkpoint_id})
         target = cursor.fetchone()
         if target is None:
             raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
@@ -136,7 +126,7 @@ def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _
         params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
                   "thread": thread_id, "branch": branch_id, "first": first, "last": seq}  # fmt: skip
         sql = _RANGE_SQL if head is not None or chain_length < seq else _WALK_SQL
-        cursor.execute(sql, params, prepare=True, binary=True)
+        cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [Row._make(row) for row in rows], head
 
@@ -160,7 +150,7 @@ def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
             state_bytes=entry.state_bytes, chain_length=entry.chain_length, chain_bytes=entry.chain_bytes,
             integrity=entry.integrity,
         )  # fmt: skip
-        states.put(node)
+        states.remember(node.id, node)
         return node
     node, replayed_bytes = _replay(checkpoint_id)
     if hot and replayed_bytes * REPLAY_COST_PER_BYTE * 2 > node.state_bytes:
@@ -168,10 +158,12 @@ def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
         # same deltas again, at more than half the cost of reading the state whole: save it.
         _materialise_head(node)
     if hot:
-        hotcache.put(node.thread_id, node.id, hotcache.Entry(
+        entry = hotcache.Entry(
             seq=node.seq, branch_id=node.branch_id, state_bytes=node.state_bytes, chain_length=node.chain_length,
             chain_bytes=node.chain_bytes, integrity=node.integrity, state=node.state,
-        ))  # fmt: skip
+        )  # fmt: skip
+        # For the other processes only once committed: a rolled-back write's state must not outlive it.
+        transaction.on_commit(lambda: hotcache.put(node.thread_id, node.id, entry))
     return node
 
 
@@ -215,7 +207,7 @@ def _replay(checkpoint_id: UUID) -> tuple[Node, int]:
     replayed_bytes = rows[-1].chain_bytes - rows[start - 1].chain_bytes if start < len(rows) else 0
     if start < len(rows):
         node = _node_from(rows[-1], state)
-    states.put(node)
+    states.remember(node.id, node)
     return node, replayed_bytes
 
 

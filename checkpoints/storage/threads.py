@@ -23,7 +23,7 @@ from checkpoints.storage.errors import (
     InvalidState,
     NotFound,
 )
-from checkpoints.storage.nodes import states
+from checkpoints.storage.nodes import drop_thread
 from checkpoints.storage.validation import checked_object
 
 
@@ -116,4 +116,4 @@ def delete_thread(thread: Thread) -> None:
         Thread.objects.filter(pk=thread.pk).delete()
         DeletedThread.objects.get_or_create(thread_id=thread.pk)  # its blob files go at the next prune
     forget_thread(thread.pk)
-    states.drop_thread(thread.pk)
+    drop_thread(thread.pk)

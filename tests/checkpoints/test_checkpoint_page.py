@@ -16,11 +16,11 @@ from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage.tool_results import put_tool_result
 from tests.conftest import person, signed_in
 
-# Measured at 10 with nothing cached: session, user, two permission reads, the checkpoint, the
-# thread, the replay's target row, previous/next, tool results, role for the header (the replay's
-# chain read goes through psycopg directly, which Django does not count). One spare for a harmless
-# extra read; the count does not grow with the thread.
-CHECKPOINT_PAGE_QUERIES = 11
+# Every round trip with nothing cached: session, user, two permission reads, the checkpoint, the
+# thread, the replay's target row and its chain, previous/next, tool results, pending approvals,
+# role and inbox count for the header. No spare: one more query (a replay more) fails the test,
+# and the count does not grow with the thread.
+CHECKPOINT_PAGE_QUERIES = 13
 
 PLAN = "Fly from Berlin to Lisbon on Monday morning, check in near Alfama and take the train to Porto on Wednesday."
 

@@ -310,6 +310,7 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
 
 
 @pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine")
+@pytest.mark.django_db(transaction=True)  # a reader's state goes to Redis once its transaction commits
 def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_server: RedisServer) -> None:
     thread = storage.create_thread(agent=agent)[0]
     written = long_history(thread, 30)
@@ -500,7 +501,7 @@ def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_aft
     assert Checkpoint.objects.get(pk=head.pk).integrity != stale[0].integrity  # the head's chain was rewritten
 
     for node in stale:
-        nodes.states.put(node)  # the other process never heard of the compaction
+        nodes.states.put(node.id, node)  # the other process never heard of the compaction
     assert storage.state_at(head) == expected
     after = storage.append_checkpoint(
         thread=thread, parent=head, patch=[{"op": "replace", "path": "/step", "value": 99}]

@@ -379,9 +379,13 @@ def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agen
 def test_an_append_is_prepared_once_however_large_its_numbers_grow(thread: Thread) -> None:
     # psycopg would send each int as int2, int4 or int8 by its value, and every new combination
     # of types would be another statement to prepare: sizes and seqs cross those bounds as a
-    # thread grows.
+    # thread grows. psycopg prepares a statement once it has run `prepare_threshold` times with
+    # the same parameter types.
     parent = storage.append_checkpoint(thread=thread, parent=None, state={"log": []}, step=0)
-    for step, size in enumerate((10, 200, 40_000, 70_000, 3_000), start=1):
+    threshold = connection.connection.prepare_threshold or 0
+    sizes = (10, 200, 40_000, 70_000, 3_000, 5, 90_000, 20)
+    assert len(sizes) > threshold
+    for step, size in enumerate(sizes, start=1):
         parent = storage.append_checkpoint(
             thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * size}], step=step
         )

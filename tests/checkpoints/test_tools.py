@@ -40,8 +40,9 @@ def test_a_batch_with_one_bad_result_writes_none_of_them(agent: Agent) -> None:
 
 
 def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
-    # Django's cursors bind client-side, so each put would be parsed and planned anew;
-    # LangGraph's pending writes make several puts a step, of one to a few results each.
+    # LangGraph's pending writes make several puts a step, of one to a few results each: they must
+    # not each be parsed and planned anew. psycopg prepares a statement once it has run
+    # `prepare_threshold` times with the same parameter types, whatever the arrays' lengths.
     def prepared() -> int:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -52,12 +53,15 @@ def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
 
     thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="one", result={"n": 1})
+    for n in range(connection.connection.prepare_threshold or 0):
+        put_tool_result(thread=thread, key=f"warm-{n}", result=n)
     after_one = prepared()
     put_tool_results(thread=thread, results=[("two", 2), ("three", [3]), ("four", {"n": 4})])
     add_tool_results(thread=thread, results=[("two", "again"), ("five", None)])
 
     assert after_one >= 1 and prepared() == after_one
-    assert {row.key: row.result for row in ToolResult.objects.filter(thread=thread)} == {
+    stored = ToolResult.objects.filter(thread=thread).exclude(key__startswith="warm-")
+    assert {row.key: row.result for row in stored} == {
         "one": {"n": 1}, "two": 2, "three": [3], "four": {"n": 4}, "five": None,
     }  # fmt: skip
 

@@ -272,24 +272,17 @@ def import_thread(
                 line=1, field="agent",
             )  # fmt: skip
     file.seek(0)
-    thread_id: UUID | None = None
-    try:
-        with transaction.atomic():
-            thread, created = storage.create_thread(
-                agent=agent, external_id=external_id or header.external_id, metadata=header.metadata
-            )
-            if not created:
-                raise InvalidTrajectory(
-                    f"agent '{agent.name}' already has thread {thread.pk} with external_id "
-                    f"'{thread.external_id}'; import under another external_id.",
-                    line=1, field="external_id",
-                )  # fmt: skip
-            thread_id = thread.pk
-            _write(thread, header, _records(file, header), progress)
-    except BaseException:
-        if thread_id is not None:  # the store cached branch ids that the rollback took away
-            storage.forget_branches(thread_id)
-        raise
+    with transaction.atomic():
+        thread, created = storage.create_thread(
+            agent=agent, external_id=external_id or header.external_id, metadata=header.metadata
+        )
+        if not created:
+            raise InvalidTrajectory(
+                f"agent '{agent.name}' already has thread {thread.pk} with external_id "
+                f"'{thread.external_id}'; import under another external_id.",
+                line=1, field="external_id",
+            )  # fmt: skip
+        _write(thread, header, _records(file, header), progress)
     thread.refresh_from_db()
     return thread
 

@@ -193,58 +193,49 @@ def _fork(
     carry = _carried(carry_approval, thread_id=checkpoint.thread_id, resume=resume)
     source_branch = storage.get_branch_name(checkpoint.branch_id)
     status = CheckpointStatus.RUNNING if resume else CheckpointStatus.PAUSED
-    try:
-        with transaction.atomic():
-            # The thread's row lock serialises forks of one thread (so a generated name is free
-            # when it is used) and makes a concurrent agent write wait, then see the new active branch.
-            thread = _locked(checkpoint.thread_id)
-            taken = set(Branch.objects.filter(thread=thread).values_list("name", flat=True))
-            if name is not None and name in taken:
-                raise _branch_exists(name, taken)
-            name = name or _free_name(taken)
-            before = _thread_summary(thread)
-            superseded = f"Superseded by the fork to branch {name}: {reason}"
-            cancelled_approvals = _cancel_pending_approvals(thread, reason=superseded)
-            cancelled_runs = _cancel_queued_runs(thread, reason=superseded)
+    with transaction.atomic():
+        # The thread's row lock serialises forks of one thread (so a generated name is free
+        # when it is used) and makes a concurrent agent write wait, then see the new active branch.
+        thread = _locked(checkpoint.thread_id)
+        taken = set(Branch.objects.filter(thread=thread).values_list("name", flat=True))
+        if name is not None and name in taken:
+            raise _branch_exists(name, taken)
+        name = name or _free_name(taken)
+        before = _thread_summary(thread)
+        superseded = f"Superseded by the fork to branch {name}: {reason}"
+        cancelled_approvals = _cancel_pending_approvals(thread, reason=superseded)
+        cancelled_runs = _cancel_queued_runs(thread, reason=superseded)
 
-            new_branch = storage.start_branch(thread=thread, at=checkpoint, name=name)
-            # Activate the branch before appending to it: the store's one-statement write moves
-            # thread.head, step and status only for a write on the active branch.
-            thread.active_branch = new_branch
-            thread.save(update_fields=["active_branch"])
-            created = storage.append_checkpoint(
-                thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
-                label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
-                metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
-                          "edits": len(ops), **langgraph_metadata},
-                schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
-            )  # fmt: skip
-            run = (
-                enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry)
-                if resume
-                else None
-            )
-            storage.record_event(thread=thread, type="branch.forked", data={
-                "branch": name, "from_branch": source_branch, "fork_point": str(checkpoint.pk),
-                "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
-                "run": str(run.pk) if run else None,
-            })  # fmt: skip
-            audit.record(
-                actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
-                reason=reason, before=before,
-                after={
-                    "branch": name, "head": str(created.pk), "status": status, "fork_point": str(checkpoint.pk),
-                    "fork_point_branch": source_branch, "fork_point_seq": checkpoint.seq, **_audit_patch(ops),
-                    "resume": resume, "run": str(run.pk) if run else None,
-                    "carry_approval": str(carry.pk) if carry else None,
-                    "cancelled_approvals": cancelled_approvals, "cancelled_runs": cancelled_runs,
-                },
-                address=address, sealed=("patch",),
-            )  # fmt: skip
-    except BaseException:
-        # The store cached the new branch's id during the write; after a rollback that row is gone.
-        storage.forget_branches(checkpoint.thread_id)
-        raise
+        new_branch = storage.start_branch(thread=thread, at=checkpoint, name=name)
+        # Activate the branch before appending to it: the store's one-statement write moves
+        # thread.head, step and status only for a write on the active branch.
+        thread.active_branch = new_branch
+        thread.save(update_fields=["active_branch"])
+        created = storage.append_checkpoint(
+            thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
+            label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
+            metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
+                      "edits": len(ops), **langgraph_metadata},
+            schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
+        )  # fmt: skip
+        run = enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry) if resume else None
+        storage.record_event(thread=thread, type="branch.forked", data={
+            "branch": name, "from_branch": source_branch, "fork_point": str(checkpoint.pk),
+            "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
+            "run": str(run.pk) if run else None,
+        })  # fmt: skip
+        audit.record(
+            actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
+            reason=reason, before=before,
+            after={
+                "branch": name, "head": str(created.pk), "status": status, "fork_point": str(checkpoint.pk),
+                "fork_point_branch": source_branch, "fork_point_seq": checkpoint.seq, **_audit_patch(ops),
+                "resume": resume, "run": str(run.pk) if run else None,
+                "carry_approval": str(carry.pk) if carry else None,
+                "cancelled_approvals": cancelled_approvals, "cancelled_runs": cancelled_runs,
+            },
+            address=address, sealed=("patch",),
+        )  # fmt: skip
     return created
 
 

@@ -33,9 +33,8 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import redis
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
@@ -44,10 +43,8 @@ from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ThreadStatus
-from checkpoints.storage import codec, crypto, garbage, hotcache
-from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage import codec, crypto
 from checkpoints.storage.jsonpatch import PatchError, apply_patch, json_equal, make_patch
-from checkpoints.storage.verify import mac_matches
 from quicksave.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -57,7 +54,6 @@ MAX_COUNT = 2**31 - 1
 # A thread in these states is being worked on or waits for a person: retention never touches it.
 BUSY_STATUSES = (ThreadStatus.RUNNING, ThreadStatus.WAITING_FOR_APPROVAL)
 COMPACTABLE_STATUSES = (ThreadStatus.COMPLETED, ThreadStatus.FAILED, ThreadStatus.CANCELLED, ThreadStatus.PAUSED)
-_HOT_BATCH = 500
 
 
 class InvalidPolicy(DomainError):
@@ -283,7 +279,7 @@ def prune(
     for thread_id, keep_every in compactions:
         try:
             result = compact_thread(thread=thread_id, keep_every=keep_every, dry_run=dry_run)
-        except (CompactionRefused, IntegrityFailure, DatabaseError) as exc:
+        except (CompactionRefused, storage.IntegrityFailure, DatabaseError) as exc:
             report.skipped.append(Skipped(thread_id, getattr(exc, "message", None) or str(exc)))
         else:
             if result.removed:
@@ -306,7 +302,7 @@ def prune(
 
 def _collect_blobs(report: PruneReport) -> None:
     try:
-        collected = garbage.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
+        collected = storage.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
     except Exception as exc:  # a storage outage must not hide what prune already did
         log.exception("prune: collecting unreferenced blobs failed")
         report.blob_error = str(exc) or type(exc).__name__
@@ -407,10 +403,15 @@ class _Kept:
     payload: bytes
     chain_length: int
     chain_bytes: int
-    integrity: bytes
     digest: bytes  # SHA-256 of the state's canonical JSON, to check the result
     rewritten: bool
-    changed: bool
+    row: Checkpoint
+
+    def relinked(self) -> storage.Relinked:
+        return storage.Relinked(
+            row=self.row, parent_id=self.parent_id, kind=self.kind, payload=self.payload,
+            chain_length=self.chain_length, chain_bytes=self.chain_bytes,
+        )  # fmt: skip
 
 
 def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = False) -> Compaction:
@@ -436,39 +437,35 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 2:
         raise InvalidPolicy(f"{LABELS['keep_every']} must be a whole number of checkpoints from 2; got {keep_every!r}.")
-    storage.clear_caches()  # replay from the database, not from states this process cached earlier
-    changed: list[UUID] = []
-    try:
-        with transaction.atomic():
-            locked = Thread.objects.filter(pk=thread_id)
-            row = (locked if dry_run else locked.select_for_update()).first()
-            if row is None:
-                raise CompactionRefused(f"Thread {thread_id} does not exist.")
-            _check_idle(row)
-            removed, kept_ids = _plan(row, keep_every)
-            if not removed:
-                return Compaction(thread_id)
-            kept, bytes_before = _rewrite(row, removed=removed, kept_ids=kept_ids, seal=not dry_run)
-            result = Compaction(
-                thread_id, removed=len(removed), rewritten=sum(k.rewritten for k in kept),
-                remacked=sum(k.changed for k in kept), bytes_before=bytes_before,
-                bytes_after=sum(len(k.payload) for k in kept),
-            )  # fmt: skip
-            if dry_run:
-                return result
-            changed = [k.id for k in kept if k.changed] + list(removed)
-            _drop_hot(changed, strict=True)
-            _apply(row, kept=kept, removed=removed)
-            _check_result(kept)
-            storage.record_event(thread=row, type="thread.compacted", data={
-                "removed": result.removed, "kept": len(kept), "keep_every": keep_every,
-            })  # fmt: skip
-            # Compaction is not activity: the thread keeps its age for the deletion rules.
-            Thread.objects.filter(pk=thread_id).update(updated_at=row.updated_at)
-    finally:
-        storage.clear_caches()
-    # A reader that replayed the old rows just before the commit may have put a head back.
-    _drop_hot(changed, strict=False)
+    with transaction.atomic():
+        locked = Thread.objects.filter(pk=thread_id)
+        row = (locked if dry_run else locked.select_for_update()).first()
+        if row is None:
+            raise CompactionRefused(f"Thread {thread_id} does not exist.")
+        _check_idle(row)
+        removed, kept_ids = _plan(row, keep_every)
+        if not removed:
+            return Compaction(thread_id)
+        kept, bytes_before = _rewrite(row, removed=removed, kept_ids=kept_ids, seal=not dry_run)
+        try:
+            changed = storage.rewrite_chain(
+                thread=row, kept=[k.relinked() for k in kept], removed=removed, dry_run=dry_run
+            )
+        except storage.CacheUnavailable as exc:
+            raise CompactionRefused(exc.message) from None
+        result = Compaction(
+            thread_id, removed=len(removed), rewritten=sum(k.rewritten for k in kept),
+            remacked=len(changed) - len(removed), bytes_before=bytes_before,
+            bytes_after=sum(len(k.payload) for k in kept),
+        )  # fmt: skip
+        if dry_run:
+            return result
+        _check_result(kept)
+        storage.record_event(thread=row, type="thread.compacted", data={
+            "removed": result.removed, "kept": len(kept), "keep_every": keep_every,
+        })  # fmt: skip
+        # Compaction is not activity: the thread keeps its age for the deletion rules.
+        Thread.objects.filter(pk=thread_id).update(updated_at=row.updated_at)
     return result
 
 
@@ -545,7 +542,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                     f"Checkpoint {row.pk} (seq {row.seq}) does not follow the row before it on its branch; "
                     "the thread is left alone."
                 )
-            if not mac_matches(row, parent_integrity=parent_mac):
+            if not storage.mac_matches(row, parent_integrity=parent_mac):
                 raise CompactionRefused(
                     f"Checkpoint {row.pk} (seq {row.seq}) fails its integrity check; the thread is left alone "
                     "(run verify_integrity).",
@@ -572,17 +569,6 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                 snapshot_every=snapshot_every, removed=removed,
                 parent_chain_bytes=old_chain_bytes.get(row.parent_id, 0) if row.parent_id is not None else 0,
             )  # fmt: skip
-            new.integrity = codec.integrity_mac(
-                parent_integrity=kept[new.parent_id].integrity if new.parent_id is not None else None,
-                checkpoint_id=row.pk, thread_id=row.thread_id, branch_id=row.branch_id, parent_id=new.parent_id,
-                seq=row.seq, kind=new.kind, payload=new.payload, fields=storage.mac_fields(row),
-                created_at=row.created_at,
-            )  # fmt: skip
-            new.changed = new.rewritten or (new.integrity, new.chain_length, new.chain_bytes) != (
-                bytes(row.integrity),
-                row.chain_length,
-                row.chain_bytes,
-            )
             kept[row.pk] = new
             last_kept = (row.pk, state)
             if row.pk in starts:
@@ -610,6 +596,9 @@ def _kept_row(
     relinked = row.parent_id is not None and row.parent_id in removed
     parent_id = (last_kept[0] if last_kept else None) if relinked else row.parent_id
 
+    def keep(parent: UUID | None, kind: int, stored: bytes, length: int, chain_bytes: int, *, rewritten: bool) -> _Kept:
+        return _Kept(row.pk, row.branch_id, row.seq, parent, kind, stored, length, chain_bytes, digest, rewritten, row)
+
     def chain_after(parent: _Kept, own_bytes: int) -> tuple[int, int]:
         # The seq distance back to the chain's snapshot; across a fork, the fork point's plus this seq,
         # so that chain_length >= seq sends the store's reader along parent links.
@@ -620,24 +609,22 @@ def _kept_row(
         return length >= snapshot_every or chain_bytes * storage.REPLAY_COST_PER_BYTE > row.state_bytes
 
     def snapshot() -> _Kept:
-        return _Kept(row.pk, row.branch_id, row.seq, parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal),
-                     0, 0, b"", digest, rewritten=True, changed=True)  # fmt: skip
+        return keep(parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal), 0, 0, rewritten=True)
 
     if parent_id is None:
         if row.kind == PayloadKind.SNAPSHOT and not relinked:
-            return _Kept(row.pk, row.branch_id, row.seq, None, row.kind, payload, 0, 0, b"", digest, False, False)
+            return keep(None, row.kind, payload, 0, 0, rewritten=False)
         return snapshot()
     parent = kept[parent_id]
     if not relinked:
         if row.kind == PayloadKind.SNAPSHOT:
-            return _Kept(row.pk, row.branch_id, row.seq, parent_id, row.kind, payload, 0, 0, b"", digest, False, False)
+            return keep(parent_id, row.kind, payload, 0, 0, rewritten=False)
         # The delta still applies (its parent's state is unchanged); only its chain may have grown.
         length, chain_bytes = chain_after(parent, row.chain_bytes - parent_chain_bytes)
         grew = (length, chain_bytes) != (row.chain_length, row.chain_bytes)
         if grew and too_long(length, chain_bytes):
             return snapshot()
-        return _Kept(row.pk, row.branch_id, row.seq, parent_id, row.kind, payload, length, chain_bytes, b"", digest,
-                     False, False)  # fmt: skip
+        return keep(parent_id, row.kind, payload, length, chain_bytes, rewritten=False)
     assert last_kept is not None
     ops = make_patch(last_kept[1], state)
     try:
@@ -647,8 +634,7 @@ def _kept_row(
     length, chain_bytes = chain_after(parent, len(codec.to_canonical_bytes(ops)))
     if not exact or too_long(length, chain_bytes):
         return snapshot()
-    return _Kept(row.pk, row.branch_id, row.seq, parent_id, PayloadKind.DELTA, _encode(row, ops, seal), length,
-                 chain_bytes, b"", digest, rewritten=True, changed=True)  # fmt: skip
+    return keep(parent_id, PayloadKind.DELTA, _encode(row, ops, seal), length, chain_bytes, rewritten=True)
 
 
 def _encode(row: Checkpoint, value: Any, seal: bool) -> bytes:
@@ -659,68 +645,14 @@ def _encode(row: Checkpoint, value: Any, seal: bool) -> bytes:
     return crypto.seal(row.thread_id, storage.payload_ad(row.pk), codec.encode(codec.to_canonical_bytes(value)))
 
 
-def _apply(thread: Thread, *, kept: list[_Kept], removed: set[UUID]) -> None:
-    """Write the compacted rows: rewrite, relink, unlink and delete, in the caller's transaction."""
-    updates = [
-        (k.parent_id, k.kind, k.payload, k.chain_length, k.chain_bytes, k.integrity, k.id, thread.pk)
-        for k in kept
-        if k.changed
-    ]
-    doomed = list(removed)
-    with connection.cursor() as cursor:
-        # FOR UPDATE, the one row lock an append's check of its parent's MAC (FOR KEY SHARE) waits
-        # for: an append after one of these rows then chains from the rewritten row, not the old.
-        cursor.execute(
-            "SELECT 1 FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
-            [thread.pk, [update[6] for update in updates]],
-        )
-        if updates:
-            cursor.executemany(
-                "UPDATE checkpoints_checkpoint SET parent_id = %s, kind = %s, payload = %s, chain_length = %s, "
-                "chain_bytes = %s, integrity = %s WHERE id = %s AND thread_id = %s",
-                updates,
-            )
-        cursor.execute(
-            "UPDATE checkpoints_toolresult SET checkpoint_id = NULL WHERE thread_id = %s AND checkpoint_id = ANY(%s)",
-            [thread.pk, doomed],
-        )
-        cursor.execute("DELETE FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s)", [thread.pk, doomed])
-        # Materialised heads of the old rows go too: the check below replays every kept chain whole.
-        cursor.execute(
-            "DELETE FROM checkpoints_materialisedhead WHERE branch_id IN "
-            "(SELECT id FROM checkpoints_branch WHERE thread_id = %s)",
-            [thread.pk],
-        )
-        # Check the deferred foreign keys now, inside this block, rather than at some later commit.
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
-
-
 def _check_result(kept: list[_Kept]) -> None:
     """Materialise, through the store, every kept row that ends a chain (the head of its line, or the
     row before a snapshot) and compare it with the state it had: each such replay checks every row
     of its chain, so together they check every kept row's MAC, link and delta."""
     continues = {k.parent_id for k in kept if k.kind == PayloadKind.DELTA}
-    storage.clear_caches()
     for k in kept:
         if k.id in continues:
             continue
         state = storage.load_node(k.id).state
         if hashlib.sha256(codec.to_canonical_bytes(state)).digest() != k.digest:
-            raise IntegrityFailure(f"Compaction would change checkpoint {k.id}'s state; nothing was changed.")
-
-
-def _drop_hot(checkpoint_ids: list[UUID], *, strict: bool) -> None:
-    """Drop the Redis hot entries of these checkpoints (their MAC or chain changed, or they are gone)."""
-    if not checkpoint_ids or not hotcache.enabled():
-        return
-    try:
-        client = hotcache._client(settings.REDIS_URL)
-        for start in range(0, len(checkpoint_ids), _HOT_BATCH):
-            client.delete(*[hotcache._key(i) for i in checkpoint_ids[start : start + _HOT_BATCH]])
-    except redis.RedisError as exc:
-        if strict:
-            raise CompactionRefused(
-                f"The hot cache (Redis) is unreachable ({exc}); compaction must drop cached states, so it waits."
-            ) from None
-        log.warning("compaction: could not drop hot cache entries (%s); they expire by themselves", exc)
+            raise storage.IntegrityFailure(f"Compaction would change checkpoint {k.id}'s state; nothing was changed.")

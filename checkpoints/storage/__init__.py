@@ -17,7 +17,7 @@ append statement embeds) and the `Agent` model a thread belongs to.
 """
 
 from checkpoints.storage.append import append_checkpoint
-from checkpoints.storage.branches import MAIN_BRANCH, branch_head, forget_branches, get_branch_name
+from checkpoints.storage.branches import MAIN_BRANCH, branch_head, get_branch_name
 from checkpoints.storage.errors import (
     IntegrityFailure,
     InvalidPatch,
@@ -27,6 +27,7 @@ from checkpoints.storage.errors import (
     StateTooLarge,
     StoreError,
 )
+from checkpoints.storage.garbage import Collected, collect_garbage
 from checkpoints.storage.nodes import Node
 from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
 from checkpoints.storage.reads import (
@@ -38,6 +39,7 @@ from checkpoints.storage.reads import (
     load_node,
     state_at,
 )
+from checkpoints.storage.rewrite import CacheUnavailable, Relinked, rewrite_chain
 from checkpoints.storage.threads import create_thread, delete_thread, record_event, set_thread_status, start_branch
 from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
 from checkpoints.storage.verify import Problem, mac_matches, verify_thread
@@ -45,12 +47,15 @@ from checkpoints.storage.verify import Problem, mac_matches, verify_thread
 __all__ = [
     "MAIN_BRANCH",
     "REPLAY_COST_PER_BYTE",
+    "CacheUnavailable",
+    "Collected",
     "IntegrityFailure",
     "InvalidPatch",
     "InvalidState",
     "Node",
     "NotFound",
     "Problem",
+    "Relinked",
     "StaleParent",
     "StateTooLarge",
     "StoreError",
@@ -59,12 +64,12 @@ __all__ = [
     "branch_head",
     "clear_caches",
     "clone",
+    "collect_garbage",
     "create_thread",
     "decode_payload",
     "delete_thread",
     "diff",
     "encode_payload",
-    "forget_branches",
     "get_branch_name",
     "get_tool_result",
     "latest_state",
@@ -75,6 +80,7 @@ __all__ = [
     "put_tool_result",
     "put_tool_results",
     "record_event",
+    "rewrite_chain",
     "set_thread_status",
     "start_branch",
     "state_at",

@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,6 +34,7 @@ from django.db import connection
 from checkpoints.storage import codec, crypto
 from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.lru import LRU
 
 log = logging.getLogger(__name__)
 
@@ -163,41 +162,9 @@ def _touch(thread_id: UUID, digest: str) -> bool:
 # --------------------------------------------------------------------------- reading
 
 
-class _Contents:
-    """Values read back, by (thread, digest), bounded by their total size."""
-
-    def __init__(self, budget: int = 64 * 1024 * 1024) -> None:
-        self._values: OrderedDict[tuple[UUID, str], tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
-        self._budget = budget
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[UUID, str]) -> Any | None:
-        with self._lock:
-            found = self._values.get(key)
-            if found is None:
-                return None
-            self._values.move_to_end(key)
-            return found[0]
-
-    def put(self, key: tuple[UUID, str], value: Any) -> None:
-        size = _approx_size(value)
-        with self._lock:
-            if key in self._values or size > self._budget:
-                return
-            self._values[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self._budget:
-                _, (_, dropped) = self._values.popitem(last=False)
-                self._bytes -= dropped
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._bytes = 0
-
-
-_contents = _Contents()
+# Values read back, by (thread, digest), bounded by their total size (64 MiB). A blob's content
+# is its digest's: it never changes, whatever transaction read it.
+_contents: LRU[tuple[UUID, str], Any] = LRU(64 * 1024 * 1024, weigh=lambda value: _approx_size(value))
 
 
 def forget() -> None:

@@ -1,5 +1,5 @@
 """Branches by name: their ids and fork points (which never change, so this process caches
-them) and their heads."""
+them) and their heads (which do, so they are always read)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,26 @@ from uuid import UUID
 
 from django.db import connection
 
-from checkpoints.models import (
-    Branch,
-    Checkpoint,
-)
-from checkpoints.storage.errors import (
-    NotFound,
-)
+from checkpoints.models import Branch, Checkpoint
+from checkpoints.storage.errors import NotFound
+from checkpoints.storage.lru import LRU
 
 MAIN_BRANCH = "main"
 
-_branches: dict[tuple[UUID, str], tuple[int, UUID | None]] = {}
-_branch_names: dict[int, str] = {}
+# A branch's id and fork point never change, nor does the name of a branch id: both are kept,
+# once the transaction that read them commits (a branch created in one that rolls back is not).
+_branches: LRU[tuple[UUID, str], tuple[int, UUID | None]] = LRU(100_000)
+_branch_names: LRU[int, str] = LRU(100_000)
 
 
 def forget_thread(thread_id: UUID) -> None:
-    for key in [key for key in _branches if key[0] == thread_id]:
-        branch_id, _ = _branches.pop(key)
-        _branch_names.pop(branch_id, None)
+    """Forget a deleted thread's branches."""
+    _branches.drop_where(lambda key, _: key[0] == thread_id)
 
 
 def forget_all() -> None:
     _branches.clear()
     _branch_names.clear()
-
-
-def forget_branches(thread_id: UUID) -> None:
-    """Forget a thread's cached branch ids. A caller whose transaction created a branch and then
-    rolled back calls it, so the next write does not find the rolled-back branch's id here."""
-    forget_thread(thread_id)
 
 
 def branch_head(*, thread_id: UUID, branch_id: int) -> tuple[UUID, int] | None:
@@ -62,8 +53,8 @@ def branch_by_name(thread_id: UUID, name: str) -> tuple[int, UUID | None]:
 
 
 def _remember_branch(thread_id: UUID, name: str, branch_id: int, fork_point: UUID | None) -> tuple[int, UUID | None]:
-    _branches[thread_id, name] = (branch_id, fork_point)
-    _branch_names[branch_id] = name
+    _branches.remember((thread_id, name), (branch_id, fork_point))
+    _branch_names.remember(branch_id, name)
     return branch_id, fork_point
 
 
@@ -73,7 +64,8 @@ def get_branch_name(branch_id: int) -> str:
         found = Branch.objects.filter(pk=branch_id).values_list("name", flat=True).first()
         if found is None:
             raise NotFound(f"Branch {branch_id} no longer exists (its thread was deleted).")
-        name = _branch_names[branch_id] = found
+        name = found
+        _branch_names.remember(branch_id, name)
     return name
 
 
@@ -89,8 +81,9 @@ WHERE b.thread_id = %(thread)s AND b.name = %(name)s
 
 
 def head_by_name(thread_id: UUID, name: str) -> UUID | None:
-    if (thread_id, name) in _branches:
-        head = branch_head(thread_id=thread_id, branch_id=_branches[thread_id, name][0])
+    known = _branches.get((thread_id, name))
+    if known is not None:
+        head = branch_head(thread_id=thread_id, branch_id=known[0])
         return head[0] if head else None
     with connection.cursor() as cursor:
         cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name})

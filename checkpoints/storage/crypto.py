@@ -18,8 +18,6 @@ turned on (or by a thread made with it off) still read.
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -31,6 +29,7 @@ from django.conf import settings
 from django.db import connection
 
 from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.lru import LRU
 from quicksave.keyring import MasterKey, parse_keyring
 
 SEALED = 0x02
@@ -82,43 +81,14 @@ def unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
         ) from None
 
 
-class _DataKeys:
-    """Opened data keys by thread (None: the thread has none and stores plain rows), LRU-bounded."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._keys: OrderedDict[UUID, AESGCM | None] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, thread_id: UUID, load: Callable[[], AESGCM | None]) -> AESGCM | None:
-        with self._lock:
-            if thread_id in self._keys:
-                self._keys.move_to_end(thread_id)
-                return self._keys[thread_id]
-        found = load()
-        self.put(thread_id, found)
-        return found
-
-    def put(self, thread_id: UUID, key: AESGCM | None) -> None:
-        with self._lock:
-            self._keys[thread_id] = key
-            while len(self._keys) > self._size:
-                self._keys.popitem(last=False)
-
-    def drop(self, thread_id: UUID) -> None:
-        with self._lock:
-            self._keys.pop(thread_id, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._keys.clear()
-
-
-_data_keys = _DataKeys()
+# Opened data keys by thread (None: the thread has none and stores plain rows); a data key never
+# changes (rotation re-wraps it), so one read in any transaction is right for every other.
+_data_keys: LRU[UUID, AESGCM | None] = LRU(10_000)
 
 
 def remember_key(thread_id: UUID, key: AESGCM | None) -> None:
-    """Note a thread's data key (None: it has none) as just created or destroyed."""
+    """Note a thread's data key (None: it has none) as just created. A thread's data key never
+    changes, and one made in a transaction that rolls back belongs to a thread id no one has."""
     _data_keys.put(thread_id, key)
 
 
@@ -141,7 +111,11 @@ def _load(thread_id: UUID) -> AESGCM | None:
 
 
 def data_key(thread_id: UUID) -> AESGCM | None:
-    return _data_keys.get(thread_id, lambda: _load(thread_id))
+    found, key = _data_keys.find(thread_id)
+    if not found:
+        key = _load(thread_id)
+        _data_keys.put(thread_id, key)
+    return key
 
 
 def seal(thread_id: UUID, ad: bytes | Callable[[], bytes], framed: bytes) -> bytes:

@@ -36,15 +36,15 @@ class LRU(Generic[K, V]):
         return self._size() if callable(self._size) else self._size
 
     def get(self, key: K) -> V | None:
-        with self._lock:
-            value = self._entries.get(key)
-            if value is not None:
-                self._entries.move_to_end(key)
-            return value
+        return self.find(key)[1]
 
-    def __contains__(self, key: K) -> bool:
+    def find(self, key: K) -> tuple[bool, V | None]:
+        """(True, value) when `key` is cached, even with None as its value; else (False, None)."""
         with self._lock:
-            return key in self._entries
+            if key not in self._entries:
+                return False, None
+            self._entries.move_to_end(key)
+            return True, self._entries[key]
 
     def __len__(self) -> int:
         with self._lock:

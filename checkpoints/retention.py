@@ -17,10 +17,10 @@ that every remaining state still materialises and verifies:
   gets a new MAC, computed parent before child. Rows whose path lost nothing keep theirs.
 
 Rows are only ever verified before they are rewritten: a thread with a row that fails its MAC
-is refused, so compaction never launders a tampered row. Checkpoints are immutable everywhere
-else, so caches key states by checkpoint id: compaction clears this process's caches and drops
-the Redis hot entries of every row it changed. Other processes' in-memory caches cannot be
-reached from here; see `compact_thread`.
+is refused, so compaction never launders a tampered row. This module decides what is kept and
+how; the storage engine (`storage.rewrite_chain`) computes the MACs, writes the rows and drops
+the cached states, as the one writer of the integrity chain. Other processes' in-memory caches
+cannot be reached from here; see `compact_thread`.
 """
 
 from __future__ import annotations
@@ -423,16 +423,11 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
     for a thread that is busy (see BUSY_STATUSES) or has a row that fails its integrity check;
     nothing changes then. Compacting again with the same N removes nothing.
 
-    Caches: this process's are cleared and the Redis hot entries of every removed or changed row
-    are dropped, before commit (a Redis error refuses the compaction) and again after it. Another
-    process may still hold one of those rows in its in-memory state cache, with its old MAC and
-    chain length. Reading a state from there stays right (states never change), and so does an
-    append whose writer reads its parent after the commit; but an append after a stale cached
-    parent (or one prepared while compaction ran, which waits on the thread row and then goes
-    in) chains its MAC from the old value, and the next read of that row fails its check. So
-    `prune` compacts only threads idle for QUICKSAVE_COMPACT_IDLE_HOURS, which makes it unlikely;
-    closing it needs the store to insert only after the parent's stored MAC, read under a share
-    lock in the same statement, matches the one it chained from.
+    Caches: the engine drops this process's states of the thread and the Redis hot entries of
+    every removed or changed row, before commit (a Redis error refuses the compaction) and again
+    after it. Another process may still hold one of those rows in its in-memory state cache:
+    reading a state from there stays right (states never change), and an append after it fails
+    its parent-MAC check and retries from the stored row.
     """
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 2:

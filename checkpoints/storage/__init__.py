@@ -7,9 +7,12 @@ integrity MAC chained from its parent's, and the caches that save replays (this 
 `nodes`, Redis's `hotcache`).
 
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
-approvals) use the names below. The modules behind them are internal; the primitives a few
-callers need by module are `codec` (framing and MACs), `crypto` (sealing a value to its row),
-`jsonpatch` (RFC 6902), `hotcache.status` and `blobs` (reading an offloaded value).
+approvals) use the names below: append, read a state, diff, the thread and branch writes, the
+tool-result cache, and for lifecycle work the payload primitives, integrity checks and
+`rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
+internal; the primitives a few callers need by module are `codec` (framing and MACs), `crypto`
+(sealing a value to its row), `jsonpatch` (RFC 6902), `lru` (the one cache helper),
+`hotcache.status`, `blobs` (reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `agents.fencing` (the lease check its
@@ -41,11 +44,22 @@ from checkpoints.storage.reads import (
 )
 from checkpoints.storage.rewrite import CacheUnavailable, Relinked, rewrite_chain
 from checkpoints.storage.threads import create_thread, delete_thread, record_event, set_thread_status, start_branch
-from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
+from checkpoints.storage.tool_results import (
+    MAX_KEY_LENGTH,
+    MAX_TOOL_LENGTH,
+    add_tool_results,
+    get_tool_result,
+    put_tool_result,
+    put_tool_results,
+    tool_key,
+    valid_key,
+)
 from checkpoints.storage.verify import Problem, mac_matches, verify_thread
 
 __all__ = [
     "MAIN_BRANCH",
+    "MAX_KEY_LENGTH",
+    "MAX_TOOL_LENGTH",
     "REPLAY_COST_PER_BYTE",
     "CacheUnavailable",
     "Collected",
@@ -84,5 +98,7 @@ __all__ = [
     "set_thread_status",
     "start_branch",
     "state_at",
+    "tool_key",
+    "valid_key",
     "verify_thread",
 ]

@@ -4,7 +4,8 @@ sealed under the thread's data key and covered by the row's integrity MAC."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, NamedTuple
 from uuid import UUID
 
 from checkpoints.models import (
@@ -16,8 +17,34 @@ from checkpoints.storage.errors import (
     IntegrityFailure,
 )
 
-if TYPE_CHECKING:
-    from checkpoints.storage.reads import Row
+
+class Row(NamedTuple):
+    """The columns a replay reads: enough to verify a row's MAC and apply its payload."""
+
+    id: UUID
+    thread_id: UUID
+    branch_id: int
+    parent_id: UUID | None
+    seq: int
+    step: int | None
+    label: str
+    status: str
+    source: str
+    model_name: str
+    model_version: str
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    metadata: dict[str, Any]
+    schema_version: int
+    kind: int
+    payload: bytes
+    chain_length: int
+    chain_bytes: int
+    state_bytes: int
+    integrity: bytes
+    created_at: datetime
+    parent_integrity: bytes | None
 
 
 def mac_fields(checkpoint: Checkpoint | Row) -> dict[str, Any]:

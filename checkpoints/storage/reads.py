@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -26,7 +25,7 @@ from checkpoints.storage.errors import (
 )
 from checkpoints.storage.jsonpatch import PatchError, apply_patch, make_patch
 from checkpoints.storage.nodes import Node, states
-from checkpoints.storage.payloads import decode_payload, offloaded, open_payload, verify_row
+from checkpoints.storage.payloads import Row, decode_payload, offloaded, open_payload, verify_row
 
 log = logging.getLogger(__name__)
 
@@ -34,35 +33,6 @@ log = logging.getLogger(__name__)
 # is a row to fetch, a MAC to check, a payload to decode and a patch to apply), so
 # the store snapshots once the chain since the last snapshot holds half the state's bytes.
 REPLAY_COST_PER_BYTE = 2
-
-
-class Row(NamedTuple):
-    """The columns a replay reads: enough to verify a row's MAC and apply its payload."""
-
-    id: UUID
-    thread_id: UUID
-    branch_id: int
-    parent_id: UUID | None
-    seq: int
-    step: int | None
-    label: str
-    status: str
-    source: str
-    model_name: str
-    model_version: str
-    temperature: float | None
-    top_p: float | None
-    seed: int | None
-    metadata: dict[str, Any]
-    schema_version: int
-    kind: int
-    payload: bytes
-    chain_length: int
-    chain_bytes: int
-    state_bytes: int
-    integrity: bytes
-    created_at: datetime
-    parent_integrity: bytes | None
 
 
 _ROW_COLUMNS = ", ".join(f"c.{name}" for name in Row._fields[:-1])

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 
 from agents.keys import KEY_PREFIX, find_agent_key
 from agents.models import Agent, AgentKey
-from approvals.audit import client_address
+from audit.trail import client_address
 from quicksave import throttle
 
 

@@ -21,7 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agents.models import Agent, AgentKey
-from approvals import audit
+from audit import trail
 from checkpoints import live
 
 KEY_PREFIX = "qs_"
@@ -70,7 +70,7 @@ def create_agent_key(
     prefix = secrets.token_hex(6)
     secret = secrets.token_urlsafe(32)
     key = AgentKey.objects.create(agent=agent, prefix=prefix, secret_hash=_hash_secret(secret), label=label)
-    audit.record(
+    trail.record(
         actor=actor, actor_name=actor_name, action="agent_key.create", target_type="agent_key", target_id=prefix,
         after={"agent": agent.name, "prefix": prefix, "label": label}, address=address,
     )  # fmt: skip
@@ -151,7 +151,7 @@ def revoke_agent_key(
     revoked_at = timezone.now()
     if AgentKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=revoked_at):
         live.close_sockets_on_commit(live.agent_key_group(key.pk))
-        audit.record(
+        trail.record(
             actor=actor, actor_name=actor_name, action="agent_key.revoke", target_type="agent_key",
             target_id=key.prefix, before={"agent": key.agent.name, "revoked_at": None},
             after={"agent": key.agent.name, "revoked_at": revoked_at.isoformat()}, address=address,

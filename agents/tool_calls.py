@@ -36,8 +36,8 @@ from django.utils import timezone
 from agents import fencing
 from agents.fencing import Fence
 from agents.models import ToolCall, ToolCallState
+from checkpoints.fields import associated_data
 from checkpoints.storage import codec, crypto
-from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import InvalidState
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, tool_key, valid_key
 from quicksave.errors import DomainError

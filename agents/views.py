@@ -16,7 +16,7 @@ from django.views.decorators.http import require_http_methods, require_safe
 
 from agents.keys import LABEL_MAX_CHARS, agent_name_problem, issue_key, label_problem, revoke_agent_key
 from agents.models import Agent, AgentKey
-from approvals.audit import client_address
+from audit.trail import client_address
 from checkpoints.models import Thread
 from checkpoints.views import permission_required
 

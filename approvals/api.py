@@ -15,7 +15,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from approvals import services
-from approvals.audit import client_address
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.serializers import (
     ApprovalCreateSerializer,
@@ -24,6 +23,7 @@ from approvals.serializers import (
     DecisionSerializer,
     approval_data,
 )
+from audit.trail import client_address
 from checkpoints.access import check_can_write, get_thread_for, visible_threads
 from checkpoints.models import Checkpoint
 from quicksave.api import CursorPage

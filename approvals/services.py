@@ -21,8 +21,8 @@ from agents import fencing, tool_calls
 from agents.fencing import Fence
 from agents.models import Agent, RunReason, ToolCall
 from agents.runs import enqueue_run
-from approvals import audit
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
+from audit import trail
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from checkpoints.storage import codec, record_event, set_thread_status
 from quicksave.errors import DomainError
@@ -155,7 +155,7 @@ def decide(
             locked.decided_by = user
             locked.decided_at = now
             locked.save(update_fields=["status", "decided_args", "args_edited", "comment", "decided_by", "decided_at"])
-            audit.record(
+            trail.record(
                 actor=user, action=f"approval.{decision}", target_type="approval", target_id=locked.pk,
                 thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "args": locked.args},
                 after={"status": locked.status, "args": locked.decided_args, "args_edited": locked.args_edited},
@@ -238,7 +238,7 @@ def resolve_in_doubt(
         locked.decided_by = user
         locked.decided_at = now
         locked.save(update_fields=["status", "resolution", "decided_args", "comment", "decided_by", "decided_at"])
-        audit.record(
+        trail.record(
             actor=user, action=f"in_doubt.{resolution}", target_type="approval", target_id=locked.pk,
             thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "tool": call.tool},
             after={"status": locked.status, "resolution": resolution,

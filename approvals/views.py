@@ -16,11 +16,12 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 
 from approvals import services
-from approvals.audit import client_address
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
-from checkpoints import diffview, storage
+from audit.trail import client_address
+from checkpoints import storage
 from checkpoints.access import visible_threads
 from checkpoints.models import Checkpoint
+from checkpoints.presentation import diffview
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.jsonpatch import make_patch
 from checkpoints.views import viewer_required
@@ -191,7 +192,7 @@ def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:
     except IntegrityFailure as exc:
         return {"integrity_error": exc.message}
     return {
-        "state_tree": diffview.render_tree(target),
+        "state_tree": diffview.state_tree(target),
         "state_json": json.dumps(target, indent=2, ensure_ascii=False)[:200_000],
         "diff": diffview.build_diff(base, target, make_patch(base, target)),
         "diff_base": base_id,

@@ -9,7 +9,7 @@ The workload of ``bench/checkpoint_store.py`` (:func:`bench.peers.workload`: one
 1,000-character assistant message appended, ``step`` and ``facts`` replaced per
 step) is driven through the very same compiled LangGraph graph
 (:func:`bench.peers.build_graph`, one ``graph.invoke`` per workload step), once
-with :class:`checkpoints.langgraph_saver.QuicksaveSaver` and once with
+with :class:`integrations.langgraph.saver.QuicksaveSaver` and once with
 ``langgraph.checkpoint.postgres.PostgresSaver``, in this one process against one
 PostgreSQL server, inside the dedicated ``quicksave_bench`` database (see
 :mod:`bench.peers` for how the server is chosen).  Both use LangGraph's default
@@ -153,7 +153,7 @@ def run_quicksave_saver(steps: int, seed: int = 7, durability: str | None = None
     """The graph checkpointed by ``QuicksaveSaver(agent="langgraph")`` on emptied Quicksave tables."""
     setup_django()  # Django must point at the bench database before the saver is imported
     with quiet_langchain_warnings():
-        from checkpoints.langgraph_saver import QuicksaveSaver
+        from integrations.langgraph.saver import QuicksaveSaver
     from checkpoints.models import Checkpoint, Thread, ToolResult
 
     _reset()  # TRUNCATE the Quicksave tables and checkpoints_toolresult

@@ -72,13 +72,13 @@ def _no_live_events(stack: contextlib.ExitStack[Any]) -> None:
 
 
 def _no_pending_writes(stack: contextlib.ExitStack[Any]) -> None:
-    from checkpoints.langgraph_saver import QuicksaveSaver
+    from integrations.langgraph.saver import QuicksaveSaver
 
     stack.enter_context(mock.patch.object(QuicksaveSaver, "put_writes", lambda *_, **__: None))
 
 
 def _no_read(stack: contextlib.ExitStack[Any]) -> None:
-    from checkpoints import langgraph_saver
+    from integrations.langgraph import saver as langgraph_saver
 
     stack.enter_context(mock.patch.object(langgraph_saver, "QuicksaveSaver", _unread_saver()))
 
@@ -87,7 +87,7 @@ def _unread_saver() -> type[Any]:
     """QuicksaveSaver whose read of a thread's newest checkpoint is the one it last wrote there."""
     from langgraph.checkpoint.base import get_checkpoint_id
 
-    from checkpoints.langgraph_saver import QuicksaveSaver
+    from integrations.langgraph.saver import QuicksaveSaver
 
     class UnreadSaver(QuicksaveSaver):
         def __init__(self, **kwargs: Any) -> None:
@@ -143,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ensure_bench_database()
     setup_django()
     with quiet_langchain_warnings():
-        import checkpoints.langgraph_saver  # noqa: F401 (imported once, before any stage patches it)
+        import integrations.langgraph.saver  # noqa: F401 (imported once, before any stage patches it)
 
     postgres: list[float] = []
     stages: list[list[float]] = [[] for _ in STAGES]

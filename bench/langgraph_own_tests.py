@@ -117,7 +117,7 @@ def quicksave_db():
 def _quicksave(request):
     request.getfixturevalue("quicksave_db")
     from checkpoints import storage
-    from checkpoints.langgraph_saver import QuicksaveSaver
+    from integrations.langgraph.saver import QuicksaveSaver
 
     storage.clear_caches()
     # A new Quicksave agent per test: LangGraph's tests reuse thread ids from test to test. Not

@@ -19,7 +19,7 @@ from rest_framework.views import APIView
 
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run
-from approvals.audit import client_address
+from audit.trail import client_address
 from checkpoints import export, forks, selectors, storage
 from checkpoints.access import (
     check_can_cancel,

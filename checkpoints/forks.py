@@ -5,7 +5,8 @@ Each action is one transaction that also writes its Event and its AuditEntry. A 
 new branch whose first checkpoint (source `human`) follows the chosen checkpoint, and moves the
 thread's head onto it. Older branches stay as they are: an agent still writing one lands there
 (or gets StaleParent), never on the new branch, because a write follows its parent's branch.
-A fork at a checkpoint LangGraph wrote is itself a LangGraph checkpoint (checkpoints.langgraph_forks).
+A fork at a checkpoint a framework wrote is itself that framework's checkpoint: the framework's
+integration registers a fork shaper (integrations.langgraph.forks for LangGraph).
 """
 
 from __future__ import annotations
@@ -24,12 +25,11 @@ from django.utils import timezone
 
 from agents.models import Run, RunReason, RunStatus
 from agents.runs import enqueue_run
-from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
+from audit import trail
 from checkpoints import storage
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
-from checkpoints.langgraph_forks import langgraph_fork
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, Thread, ThreadStatus
 from checkpoints.storage import codec
 from checkpoints.storage.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
@@ -50,6 +50,35 @@ RESUMABLE = (ThreadStatus.FAILED, ThreadStatus.PAUSED)
 # The audit entry keeps the patch up to this size. A bigger one is not lost: the fork's new
 # checkpoint stores exactly that patch, as its delta against the fork point.
 AUDIT_PATCH_BYTES = 256 * 1024
+
+
+@dataclass(frozen=True)
+class ForkShape:
+    """What makes a fork's checkpoint a framework's own, on top of the admin's edits."""
+
+    ops: list[dict[str, Any]]  # applied after the admin's edits
+    metadata: dict[str, Any]  # merged into the checkpoint's Quicksave metadata
+    step: int | None
+
+
+# Called with the fork point, its state and the edited state; returns None for a checkpoint
+# the framework did not write.
+ForkShaper = Callable[..., ForkShape | None]
+_shapers: list[ForkShaper] = []
+
+
+def register_fork_shaper(shaper: ForkShaper) -> None:
+    """Make forks of a framework's checkpoints that framework's checkpoints too (an integration's
+    AppConfig.ready calls this once; the core knows no framework)."""
+    if shaper not in _shapers:
+        _shapers.append(shaper)
+
+
+def _shape(*, source: Checkpoint, before: dict[str, Any], after: dict[str, Any]) -> ForkShape | None:
+    for shaper in _shapers:
+        if shape := shaper(source=source, before=before, after=after):
+            return shape
+    return None
 
 
 class InvalidFork(DomainError):
@@ -183,12 +212,10 @@ def _fork(
     reason = _reason(reason)
     name = _branch_name(branch)
     ops, edited = _edited_state(checkpoint, patch)
-    # A checkpoint LangGraph wrote forks into a LangGraph checkpoint, so the graph runs on from it.
-    as_langgraph = langgraph_fork(source=checkpoint, before=storage.load_node(checkpoint.pk).state, after=edited)
-    written_ops, step, langgraph_metadata = (
-        (ops + as_langgraph.ops, as_langgraph.step, as_langgraph.metadata)
-        if as_langgraph
-        else (ops, checkpoint.step, {})
+    # A checkpoint a framework wrote forks into that framework's checkpoint, so its agent runs on from it.
+    shape = _shape(source=checkpoint, before=storage.load_node(checkpoint.pk).state, after=edited)
+    written_ops, step, framework_metadata = (
+        (ops + shape.ops, shape.step, shape.metadata) if shape else (ops, checkpoint.step, {})
     )
     carry = _carried(carry_approval, thread_id=checkpoint.thread_id, resume=resume)
     source_branch = storage.get_branch_name(checkpoint.branch_id)
@@ -215,7 +242,7 @@ def _fork(
             thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
             label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
             metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
-                      "edits": len(ops), **langgraph_metadata},
+                      "edits": len(ops), **framework_metadata},
             schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
         )  # fmt: skip
         run = enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry) if resume else None
@@ -224,7 +251,7 @@ def _fork(
             "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
             "run": str(run.pk) if run else None,
         })  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
             reason=reason, before=before,
             after={
@@ -260,7 +287,7 @@ def resume_failed(*, thread: Thread, user: User, reason: str, address: str | Non
             "status": ThreadStatus.RUNNING, "checkpoint": str(head.pk), "run": str(run.pk),
             "by": user.get_username(), "reason": reason,
         })  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.resume", target_type="thread", target_id=locked.pk, thread=locked,
             reason=reason, before=before,
             after={**before, "status": ThreadStatus.RUNNING, "run": str(run.pk), "checkpoint": str(head.pk)},
@@ -287,7 +314,7 @@ def cancel(*, thread: Thread, user: User, reason: str, address: str | None = Non
             "status": ThreadStatus.CANCELLED, "by": user.get_username(), "reason": reason,
             "approvals": cancelled_approvals, "runs": cancelled_runs,
         })  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.cancel", target_type="thread", target_id=locked.pk, thread=locked,
             reason=reason, before=before,
             after={**before, "status": ThreadStatus.CANCELLED, "cancelled_approvals": cancelled_approvals,
@@ -319,7 +346,7 @@ def delete(*, thread: Thread, user: User, reason: str, address: str | None = Non
             "checkpoints": Checkpoint.objects.filter(thread=locked).count(),
             "branches": Branch.objects.filter(thread=locked).count(),
         }  # fmt: skip
-        audit.record(
+        trail.record(
             actor=user, action="thread.delete", target_type="thread", target_id=locked.pk, reason=reason,
             before=before, after={"deleted": True, "data_key": "destroyed"}, address=address,
         )  # fmt: skip

@@ -39,8 +39,8 @@ from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subq
 from django.utils import timezone
 
 from agents.models import Agent, Run, RunStatus
-from approvals import audit
 from approvals.models import ApprovalRequest, ApprovalStatus
+from audit import trail
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ThreadStatus
 from checkpoints.storage import codec, crypto
@@ -191,7 +191,7 @@ def set_policy(
             retain_completed_days=after.completed_days, retain_failed_days=after.failed_days,
             compact_after=after.compact_after, compact_keep_every=after.keep_every,
         )  # fmt: skip
-        audit.record(
+        trail.record(
             actor=None, actor_name=actor_name, action="retention.policy", target_type="agent", target_id=agent.name,
             before=before.as_json(), after=after.as_json(),
         )  # fmt: skip
@@ -292,7 +292,7 @@ def prune(
             progress(done, total)
     _collect_blobs(report)
     if not dry_run:
-        audit.record(
+        trail.record(
             actor=None, actor_name=actor_name, action="retention.prune", target_type="retention", target_id="prune",
             after={**report.counts(), "deleted_threads": report.deleted[:1000],
                    "skipped_threads": {str(s.thread_id): s.reason for s in report.skipped[:100]}},

@@ -9,7 +9,7 @@ from django.core.exceptions import ValidationError
 from django.db import transaction
 from django.db.models import Field
 
-from approvals import audit
+from audit import trail
 
 VIEWER = "viewer"
 REVIEWER = "reviewer"
@@ -70,7 +70,7 @@ def grant_role(
     before = sorted(user.groups.filter(name__in=ROLES).values_list("name", flat=True))
     user.groups.remove(*[groups[other] for other in ROLES if other != role])
     user.groups.add(groups[role])
-    audit.record(
+    trail.record(
         actor=actor, actor_name=actor_name, action="role.grant", target_type="user", target_id=user.get_username(),
         before={"roles": before}, after={"roles": [role]}, address=address,
     )  # fmt: skip

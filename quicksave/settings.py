@@ -45,6 +45,8 @@ INSTALLED_APPS = [
     "agents",
     "checkpoints",
     "approvals",
+    "audit",
+    "integrations.langgraph.apps.LangGraphConfig",
 ]
 
 MIDDLEWARE = [

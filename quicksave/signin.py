@@ -8,7 +8,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
 
-from approvals.audit import client_address
+from audit.trail import client_address
 from quicksave import throttle
 
 

@@ -35,7 +35,7 @@ urlpatterns = [
     path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
-    path("audit/", include("approvals.audit_urls")),
+    path("audit/", include("audit.urls")),
     path("agents/", include("agents.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]

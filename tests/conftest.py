@@ -16,7 +16,7 @@ from checkpoints import storage
 from checkpoints.models import Thread
 from checkpoints.storage import lent_connection
 from quicksave.roles import grant_role
-from tests.processes import REDIS_SERVER, RedisServer
+from tests.processes import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -149,8 +149,6 @@ def redis_server(settings: Any) -> Iterator[RedisServer]:
     from checkpoints import storage
     from checkpoints.storage import hotcache
 
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed on this machine")
     server = RedisServer()
     server.start()
     settings.REDIS_URL = server.url

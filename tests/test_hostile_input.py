@@ -15,8 +15,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from agents.models import AgentKey, Run
-from approvals.models import ApprovalRequest, AuditEntry
+from approvals.models import ApprovalRequest
 from approvals.services import request_approval
+from audit.models import AuditEntry
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ToolResult
 from tests.conftest import person
@@ -356,7 +357,7 @@ def test_a_patch_that_doubles_the_state_with_each_op_is_stopped_at_the_state_lim
 
 @pytest.mark.parametrize(
     "url",
-    ["/admin/approvals/auditentry/?action=%00", "/admin/approvals/auditentry/?q=a%00b", "/admin/auth/user/?q=%00"],
+    ["/admin/audit/auditentry/?action=%00", "/admin/audit/auditentry/?q=a%00b", "/admin/auth/user/?q=%00"],
 )
 def test_a_nul_in_a_django_admin_filter_is_a_400_page(admin_client: Any, url: str) -> None:
     response = admin_client.get(url)

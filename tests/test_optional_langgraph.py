@@ -1,5 +1,5 @@
-"""The core runs without LangGraph: only the integration (checkpoints/langgraph_saver.py,
-agents/langgraph_runner.py) and its tests need requirements-langgraph.txt."""
+"""The core runs without LangGraph: only the integration (integrations/langgraph/saver.py,
+integrations/langgraph/runner.py) and its tests need requirements-langgraph.txt."""
 
 from __future__ import annotations
 

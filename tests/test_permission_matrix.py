@@ -183,7 +183,6 @@ def _json(body: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @pytest.mark.django_db
-@pytest.mark.urls("tests.approvals.audit_urlconf")
 @pytest.mark.parametrize(("method", "path", "body", "principal", "expected"), _rows(PAGES))
 def test_page(method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
     world = build_world()

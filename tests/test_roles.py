@@ -11,7 +11,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from approvals.models import AuditEntry
+from audit.models import AuditEntry
 from quicksave.roles import grant_role, role_of
 
 

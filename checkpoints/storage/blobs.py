@@ -31,8 +31,8 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
 from django.db import connection
 
+from checkpoints.fields import associated_data
 from checkpoints.storage import codec, crypto
-from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.lru import LRU
 

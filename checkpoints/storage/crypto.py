@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import connection
 
+from checkpoints.storage import codec
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.lru import LRU
 from quicksave.keyring import MasterKey, parse_keyring
@@ -165,6 +166,14 @@ def forget_keys() -> None:
     _data_keys.clear()
 
 
-def associated_data(name: str, *parts: Any) -> bytes:
-    """`table.column/part/part…` as bytes: what a sealed value is bound to."""
-    return "/".join([name, *(str(part) for part in parts)]).encode()
+class JSONSealer:
+    """SealedJSONField's sealer (see checkpoints.fields): canonical JSON, framed by `codec`, sealed
+    under the row's thread data key."""
+
+    failure: type[Exception] = IntegrityFailure
+
+    def seal(self, thread_id: UUID, ad: bytes, value: Any) -> bytes:
+        return seal(thread_id, ad, codec.encode(codec.to_canonical_bytes(value)))
+
+    def open(self, thread_id: UUID, ad: bytes, blob: bytes) -> Any:
+        return codec.decode(unseal(thread_id, ad, blob))

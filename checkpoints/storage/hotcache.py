@@ -30,8 +30,8 @@ from uuid import UUID
 import redis
 from django.conf import settings
 
+from checkpoints.fields import associated_data
 from checkpoints.storage import codec, crypto
-from checkpoints.storage.crypto import associated_data
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from datetime import datetime
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from checkpoints.fields import associated_data
 from checkpoints.models import (
     Checkpoint,
 )
 from checkpoints.storage import blobs, codec, crypto
-from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import (
     IntegrityFailure,
 )

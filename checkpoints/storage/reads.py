@@ -11,6 +11,7 @@ from uuid import UUID
 from django.db import DatabaseError, connection, transaction
 from psycopg.types.json import set_json_loads
 
+from checkpoints.fields import associated_data
 from checkpoints.models import (
     Checkpoint,
     PayloadKind,
@@ -18,7 +19,6 @@ from checkpoints.models import (
 )
 from checkpoints.storage import blobs, branches, codec, crypto, hotcache
 from checkpoints.storage.branches import MAIN_BRANCH, head_by_name
-from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import (
     IntegrityFailure,
     NotFound,

@@ -15,9 +15,9 @@ from django.utils import timezone
 
 from agents import fencing
 from agents.fencing import Fence
+from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
 from checkpoints.storage import codec, crypto
-from checkpoints.storage.crypto import associated_data
 from checkpoints.storage.errors import InvalidState, NotFound
 
 MAX_KEY_LENGTH = 128

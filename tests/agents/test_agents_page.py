@@ -10,7 +10,7 @@ from django.test import Client
 
 from agents.keys import create_agent_key, find_agent_key, issue_key
 from agents.models import Agent, AgentKey
-from approvals.models import AuditEntry
+from audit.models import AuditEntry
 from checkpoints import storage
 from tests.conftest import person, signed_in
 

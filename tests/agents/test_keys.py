@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from agents.keys import revoke_agent_key
 from agents.models import Agent, AgentKey
-from approvals.models import AuditEntry
+from audit.models import AuditEntry
 
 
 def create_key(*args: str) -> tuple[str, str, str]:

@@ -12,9 +12,9 @@ import pytest
 from django.test import Client
 
 from agents.models import Run, RunReason
-from approvals import audit
-from approvals.models import AuditEntry
 from approvals.services import request_approval
+from audit import trail
+from audit.models import AuditEntry
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Thread, ThreadKey, ThreadStatus
 from tests.conftest import person, signed_in
@@ -106,7 +106,7 @@ def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_
     assert storage.state_at(created)["settings"] == {"batch_size": 500}
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.fork")
-    assert entry.actor_name == "ada" and entry.address == "127.0.0.1" and audit.opened(entry).after["patch"] == patch
+    assert entry.actor_name == "ada" and entry.address == "127.0.0.1" and trail.opened(entry).after["patch"] == patch
 
     new_page = admin.get(confirmed["Location"]).content.decode()
     assert "fork: 5000 locks the table" in new_page and "fork-1" in new_page

@@ -21,14 +21,16 @@ from agents.demo import MigrationAgent, TravelAgent
 from agents.models import Run, RunReason, RunStatus
 from agents.runtime import start_thread
 from agents.worker import Worker
-from approvals import audit
-from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
+from audit import trail
+from audit.models import AuditEntry
 from checkpoints import forks, storage
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, Event, Thread, ThreadStatus
 from checkpoints.storage.errors import InvalidPatch, StaleParent
 from tests.conftest import person
 from tests.processes import ROOT, database_url
+from tests.waiting import wait_until
 
 
 def api(user: User) -> APIClient:
@@ -113,7 +115,7 @@ def test_an_admin_forks_with_an_edited_state_and_the_head_moves_to_the_new_branc
     assert entry.actor_name == "ada" and entry.reason == "5000 rows lock the table"
     assert entry.target_id == str(steps[1].pk)
     assert entry.before["branch"] == "main" and entry.before["head"] == str(steps[-1].pk)
-    assert audit.opened(entry).after["patch"] == patch  # stored sealed under the thread's key
+    assert trail.opened(entry).after["patch"] == patch  # stored sealed under the thread's key
     assert entry.after["branch"] == "fork-1" and entry.after["head"] == body["id"]
 
 
@@ -315,9 +317,8 @@ def test_decisions_on_the_old_branch_are_not_replayed_unless_carried_over(ada: U
     thread.refresh_from_db()
     assert thread.status == ThreadStatus.COMPLETED and thread.active_branch_id == carried.branch_id
     assert not ApprovalRequest.objects.filter(thread=thread, checkpoint__branch_id=carried.branch_id).exists()
-    assert (
-        storage.latest_state(thread=thread, branch=storage.get_branch_name(carried.branch_id))[1]["phase"] == "booked"
-    )
+    carried_branch = storage.get_branch_name(carried.branch_id)
+    assert storage.latest_state(thread=thread, branch=carried_branch)[1]["phase"] == "booked"
     entry = AuditEntry.objects.get(thread=thread, action="thread.fork", after__branch="fork-2")
     assert entry.after["carry_approval"] == str(asked.pk) and entry.after["cancelled_approvals"] == [str(fresh.pk)]
 
@@ -372,7 +373,7 @@ def test_rerun_is_an_unedited_fork_that_resumes(ada: User, thread: Thread, steps
     assert created.source == CheckpointSource.HUMAN and created.label == "re-run: flaky tool"
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.rerun")
-    assert audit.opened(entry).after["patch"] == [] and entry.after["resume"] is True
+    assert trail.opened(entry).after["patch"] == [] and entry.after["resume"] is True
 
 
 def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(
@@ -381,7 +382,7 @@ def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(
     def broken(**kwargs: Any) -> None:
         raise RuntimeError("the audit table is down")
 
-    monkeypatch.setattr(audit, "record", broken)
+    monkeypatch.setattr(trail, "record", broken)
     with pytest.raises(RuntimeError):
         forks.fork(checkpoint=steps[1], user=ada, reason="first try", branch="retry")
     assert not Branch.objects.filter(thread=thread, name="retry").exists()
@@ -585,8 +586,8 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
         randomly = random.Random(6)
         main = Branch.objects.get(thread=thread, name="main")
         deadline = time.monotonic() + 60
-        while Checkpoint.objects.filter(thread=thread, branch=main).count() < 10 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: Checkpoint.objects.filter(thread=thread, branch=main).count() >= 10,
+                   what="the writers to put 10 checkpoints on main", timeout=60, every=0.02)  # fmt: skip
         forked: list[Checkpoint] = []
         while any(writer.poll() is None for writer in writers) or len(forked) < 6:
             on_main = list(Checkpoint.objects.filter(thread=thread, branch=main).defer("payload").order_by("-seq")[:20])
@@ -598,7 +599,7 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
             for _ in range(2):  # the new branch's own agent writes after the fork
                 parent = storage.append_checkpoint(thread=thread, parent=parent, patch=[], metadata={"writer": "fork"})
             forked.append(made)
-            time.sleep(randomly.uniform(0.0, 0.05))
+            time.sleep(randomly.uniform(0.0, 0.05))  # jitter: forks land at varied points of the writers' runs
             if time.monotonic() > deadline:
                 break
         results = []

@@ -17,8 +17,9 @@ from django.utils import timezone
 
 from agents.keys import get_or_create_agent
 from agents.models import Agent, Run, RunReason, RunStatus
-from approvals.models import ApprovalRequest, ApprovalStatus, AuditEntry
+from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
+from audit.models import AuditEntry
 from checkpoints import export, retention, storage
 from checkpoints.export import import_thread
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey, ThreadStatus, ToolResult
@@ -26,7 +27,7 @@ from checkpoints.storage import nodes
 from checkpoints.storage.tool_results import put_tool_result
 from checkpoints.storage.verify import verify_thread
 from tests.checkpoints.test_hotcache import a_fresh_process
-from tests.processes import REDIS_SERVER, RedisServer
+from tests.processes import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -309,7 +310,6 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
     assert thread.events.filter(type="thread.compacted").exists()  # the live page refreshes
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine")
 @pytest.mark.django_db(transaction=True)  # a reader's state goes to Redis once its transaction commits
 def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_server: RedisServer) -> None:
     thread = storage.create_thread(agent=agent)[0]
@@ -329,7 +329,6 @@ def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_serv
     assert list(verify_thread(thread)) == []
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine")
 def test_compaction_waits_while_it_cannot_drop_hot_entries(agent: Agent, redis_server: RedisServer) -> None:
     thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 30)

@@ -8,14 +8,11 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langchain_core.runnables import RunnableConfig
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints.langgraph_saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, Thread
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.e2e.conftest import Pages, make_person
 from tests.integrations.graphs import BOOKING, booking_graph
 

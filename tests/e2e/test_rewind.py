@@ -15,7 +15,7 @@ from agents.demo import MigrationAgent
 from agents.models import Run, RunReason
 from agents.runtime import start_thread
 from agents.worker import Worker
-from approvals.models import AuditEntry
+from audit.models import AuditEntry
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from tests.e2e.conftest import Pages, make_person
 

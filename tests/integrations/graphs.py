@@ -9,8 +9,8 @@ from typing import Annotated, Any, TypedDict
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import interrupt
 
-from agents.langgraph_runner import register_graph
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.runner import register_graph
+from integrations.langgraph.saver import QuicksaveSaver
 
 BOOKING = "lg-booking"
 ASK = "lg-ask"

@@ -8,17 +8,14 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from django.contrib.auth.models import User
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 
 from agents.models import RunReason, RunStatus
 from checkpoints.forks import fork
-from checkpoints.langgraph_saver import QuicksaveSaver
 from checkpoints.models import Checkpoint, CheckpointSource, Thread
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.conftest import person
 from tests.integrations import graphs
 from tests.integrations.conftest import WorkerThread

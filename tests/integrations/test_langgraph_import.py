@@ -12,11 +12,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypedDict
 from urllib.parse import quote
 
-import pytest
-
-pytest.importorskip("langgraph.checkpoint.postgres")
-
 import psycopg
+import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError
@@ -29,10 +26,11 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 
 from approvals.models import ApprovalRequest
-from checkpoints import langgraph_import, storage
-from checkpoints.langgraph_import import import_threads
-from checkpoints.langgraph_saver import QuicksaveSaver
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
+from integrations.langgraph import importer
+from integrations.langgraph.importer import import_threads
+from integrations.langgraph.saver import QuicksaveSaver
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -373,7 +371,7 @@ def test_an_unreadable_source_is_a_clear_error(source: Source) -> None:
 
 
 def test_the_source_is_read_a_page_at_a_time_and_never_written(source: Source, monkeypatch: Any) -> None:
-    monkeypatch.setattr(langgraph_import, "PAGE", 4)
+    monkeypatch.setattr(importer, "PAGE", 4)
     with PostgresSaver.from_conn_string(source.url) as saver:
         before = [t.config for t in saver.list(None)]
     progress = io.StringIO()

@@ -18,16 +18,13 @@ import weakref
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langgraph.graph import END, START, StateGraph
 from langgraph.pregel._loop import AsyncPregelLoop, SyncPregelLoop
 from langgraph.pregel._runner import PregelRunner
 from langgraph.types import interrupt
 
 from approvals.models import ApprovalRequest
-from checkpoints.langgraph_saver import QuicksaveSaver
+from integrations.langgraph.saver import QuicksaveSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

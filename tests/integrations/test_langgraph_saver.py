@@ -10,9 +10,6 @@ import sys
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from django.db import connection, transaction
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -24,8 +21,8 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 
 from checkpoints import storage
-from checkpoints.langgraph_saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ToolResult
+from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from tests.conftest import message
 from tests.processes import ROOT, database_url
 
@@ -367,7 +364,7 @@ def read_in_a_fresh_process(thread_id: str) -> Any:
     """The graph's state as another process reads it, with its own saver and no caches."""
     script = (
         "import json, django; django.setup()\n"
-        "from checkpoints.langgraph_saver import QuicksaveSaver\n"
+        "from integrations.langgraph.saver import QuicksaveSaver\n"
         f"found = QuicksaveSaver().get_tuple({{'configurable': {{'thread_id': {thread_id!r}}}}})\n"
         "print(json.dumps([getattr(m, 'tool_calls', []) for m in found.checkpoint['channel_values']['messages']]))\n"
     )

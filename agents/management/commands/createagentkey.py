@@ -7,7 +7,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.keys import issue_key
-from approvals.audit import cli_actor_name
+from audit.trail import cli_actor_name
 
 
 class Command(BaseCommand):

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from agents.models import Agent
-from approvals.audit import cli_actor_name
+from audit.trail import cli_actor_name
 from checkpoints import retention
 
 # Each option, the setting it changes, and the word that clears the setting.

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser, OutputWrapper
 
-from approvals.audit import cli_actor_name
+from audit.trail import cli_actor_name
 from checkpoints import retention
 
 

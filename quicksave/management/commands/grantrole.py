@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from approvals.audit import cli_actor_name
+from audit.trail import cli_actor_name
 from quicksave.roles import ROLES, grant_role, username_problem
 
 

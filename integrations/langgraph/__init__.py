@@ -1,0 +1,7 @@
+"""LangGraph on Quicksave: QuicksaveSaver (saver), interrupts filed as approvals (interrupts),
+graphs resumed by the worker (runner), dashboard forks made LangGraph checkpoints (forks) and
+`manage.py import_langgraph` from a PostgresSaver database (importer).
+
+This package's own modules import LangGraph only where they use it, so the app is installed
+whether or not requirements-langgraph.txt is; the core (checkpoints, approvals, agents) never
+imports it."""

@@ -601,17 +601,15 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         ops: Ops = []
         for key, value in checkpoint.items():
             if key != "channel_values":
-                ops += _member_ops(parent.get(key, MISSING), self._encode(value), [key])
-        ops += [{"op": "remove", "path": format_pointer([key])} for key in parent if key not in checkpoint]
+                ops += _member_ops(parent.get(key, MISSING), self._encode(value), _pointer(key))
+        ops += [{"op": "remove", "path": _pointer(key)} for key in parent if key not in checkpoint]
         stored = parent.get("channel_values")
         if not isinstance(stored, dict):
             encoded = {name: self._encode(value) for name, value in values.items()}
             held.update((name, _private(value)) for name, value in values.items())
             shallow.update(_shallow_lists(held))
             return [*ops, {"op": "add", "path": "/channel_values", "value": encoded}]
-        ops += [
-            {"op": "remove", "path": format_pointer(["channel_values", name])} for name in stored if name not in values
-        ]
+        ops += [{"op": "remove", "path": _pointer("channel_values", name)} for name in stored if name not in values]
         for name, value in values.items():
             channel_ops, held[name], is_shallow = self._channel_ops(
                 name, value, stored.get(name, MISSING), known.values.get(name, MISSING),
@@ -641,12 +639,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             and len(stored) == len(held) <= len(value)
             and all(map(eq, value, held))
         ):
-            end = format_pointer(["channel_values", name, "-"])
+            end = _pointer("channel_values", name, "-")
             added = value[len(held) :]
             ops = [{"op": "add", "path": end, "value": self._encode(item)} for item in added]
             return ops, [*held, *map(_private, added)], shallow and all(map(_shallow, added))
         copied = _private(value)
-        ops = _member_ops(stored, self._encode(value), ["channel_values", name])
+        ops = _member_ops(stored, self._encode(value), _pointer("channel_values", name))
         return ops, copied, type(copied) is list and all(map(_shallow, copied))
 
     def _append(
@@ -1119,9 +1117,14 @@ def _shallow_lists(values: Mapping[str, Any]) -> frozenset[str]:
     return frozenset(name for name, value in values.items() if type(value) is list and all(map(_shallow, value)))
 
 
-def _member_ops(stored: Any, value: Any, tokens: list[str]) -> Ops:
-    """Ops turning the stored value at `tokens` (MISSING: none) into `value`, both JSON-safe."""
-    path = format_pointer(tokens)
+@functools.lru_cache(maxsize=4096)
+def _pointer(*tokens: str) -> str:
+    """The JSON pointer of a checkpoint member or channel: the same few on every put."""
+    return format_pointer(tokens)
+
+
+def _member_ops(stored: Any, value: Any, path: str) -> Ops:
+    """Ops turning the stored value at `path` (MISSING: none) into `value`, both JSON-safe."""
     if stored is MISSING:
         return [{"op": "add", "path": path, "value": value}]
     return make_patch(stored, value, path)

@@ -114,10 +114,10 @@ StoredRows = list[tuple[Checkpoint, dict[str, Any], list[ToolResult]]]
 Tuples = list[CheckpointTuple]
 Ops = list[dict[str, Any]]  # RFC 6902
 EncodedWrites = list[tuple[str, Any]]  # (channel, JSON-safe value)
-Walked = list[tuple[UUID, str, frozenset[str]]]
+Walked = list[tuple[UUID, str, frozenset[str]]]  # (row, LangGraph id, channels) per ancestor
 # A put's outcome: the thread, the new row (None: there already), the private copy of the channel
 # values, and the lists among them whose items are all _shallow.
-Written = tuple[Thread, UUID | None, dict[str, Any], frozenset[str]]  # (row, LangGraph id, channels) per ancestor
+Written = tuple[Thread, UUID | None, dict[str, Any], frozenset[str]]
 Rows = list[UUID]
 
 TYPED = "__lg_typed__"

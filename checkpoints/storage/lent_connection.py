@@ -10,16 +10,18 @@ runs on a connection object of its own, taken from the pool and given back at th
 call waits for another. A thread in a transaction (an atomic block, or autocommit turned off)
 keeps using its own connection, whose transaction the call belongs to.
 
-What is kept between calls is the open psycopg connection only, never Django's connection
-object (`DatabaseWrapper`) around it: each borrow wraps the kept connection in a new one,
-dropped when the block ends. A wrapper remembers things of the call it served, such as the
-last exception that went through one of its atomic blocks (Django keeps it to explain a
-broken transaction), and that exception's traceback holds the frames of the call that raised
-it, up to the graph loop that called the saver. Kept for the process, a wrapper would keep
-the last failed call's graph run alive (LangGraph's loop-refcount test finds it); dropped
-after each call, it keeps nothing. For the same reason a thread outside a transaction borrows
-even when it has a connection of its own open: the caller's wrapper, which Django keeps for
-the thread's life, is not left holding the saver's exceptions.
+Django's connection object (`DatabaseWrapper`) around a kept connection is kept with it only
+while it remembers nothing of the calls it served. A wrapper can remember the last exception
+that went through one of its atomic blocks (Django keeps it to explain a broken transaction),
+and that exception's traceback holds the frames of the call that raised it, up to the graph
+loop that called the saver: kept for the process, such a wrapper would keep the last failed
+call's graph run alive (LangGraph's loop-refcount test finds it). So a wrapper that met an
+error, or comes back inside a transaction, is dropped, and the next borrow wraps the kept
+connection in a new one. Keeping the others matters: building a wrapper and running Django's
+connection set-up took a sixth of a saver call's CPU (six calls a step). For the same reason
+a thread outside a transaction borrows even when it has a connection of its own open: the
+caller's wrapper, which Django keeps for the thread's life, is not left holding the saver's
+exceptions.
 
 Lent connections are opened outside Django's pool, so they never hold the pool's slots that
 requests need. One idle for more than IDLE_CHECK_SECONDS is checked with a `SELECT 1` before
@@ -38,7 +40,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 from django.db import DEFAULT_DB_ALIAS, connections
@@ -52,7 +54,9 @@ LENT = 3
 IDLE_CHECK_SECONDS = 1.0
 
 _lock = threading.Lock()
-_free: list[tuple[psycopg.Connection[Any], float]] = []  # open and idle, with when each came back
+# Open and idle: each connection, the connection object that served it last if it may serve
+# again (else None), and when it came back.
+_free: list[tuple[psycopg.Connection[Any], BaseDatabaseWrapper | None, float]] = []
 _out = 0  # how many are lent right now
 # Bumped in a child made by fork: what its parent had lent is not the child's to give back.
 _generation = 0
@@ -99,7 +103,7 @@ def is_lent(db: BaseDatabaseWrapper) -> bool:
 def close() -> None:
     """Close the lent connections that are not out (new ones open when next borrowed)."""
     with _lock:
-        free = [raw for raw, _ in _free]
+        free = [raw for raw, _, _ in _free]
         _free.clear()
     for raw in free:
         raw.close()
@@ -116,14 +120,14 @@ def _in_transaction(own: BaseDatabaseWrapper) -> bool:
 
 
 def _take() -> tuple[Any, int] | None:
-    """A new connection object on a lent connection (opened on first use if none is free), with
-    the generation it was taken in; None when all LENT are out."""
+    """A connection object on a lent connection (opened on first use if none is free), with the
+    generation it was taken in; None when all LENT are out."""
     global _out
     with _lock:
         if _free:
-            raw, returned_at = _free.pop()
+            raw, db, returned_at = _free.pop()
         elif _out + len(_free) < LENT:
-            raw, returned_at = None, 0.0
+            raw, db, returned_at = None, None, 0.0
         else:
             return None
         _out += 1
@@ -131,16 +135,19 @@ def _take() -> tuple[Any, int] | None:
     try:
         if raw is not None and time.monotonic() - returned_at > IDLE_CHECK_SECONDS and not _answers(raw):
             raw.close()
-            raw = None
-        settings: dict[str, Any] = dict(connections.settings[DEFAULT_DB_ALIAS])
-        settings["OPTIONS"] = {key: value for key, value in settings["OPTIONS"].items() if key != "pool"}
-        db = _lent_class(load_backend(settings["ENGINE"]).DatabaseWrapper)(settings, DEFAULT_DB_ALIAS)
+            raw, db = None, None
+        if db is None:
+            settings: dict[str, Any] = dict(connections.settings[DEFAULT_DB_ALIAS])
+            settings["OPTIONS"] = {key: value for key, value in settings["OPTIONS"].items() if key != "pool"}
+            db = _lent_class(load_backend(settings["ENGINE"]).DatabaseWrapper)(settings, DEFAULT_DB_ALIAS)
+            db.kept = raw
+            # It serves whichever thread borrows it next.
+            db.inc_thread_sharing()
     except BaseException:
         if raw is not None:
             raw.close()
         _give_back(None, generation)
         raise
-    db.kept = raw
     return db, generation
 
 
@@ -184,6 +191,9 @@ def _give_back(db: Any, generation: int) -> None:
         and raw.autocommit
         and raw.info.transaction_status == pq.TransactionStatus.IDLE
     )
+    again = db if keep and db.connection is raw and _remembers_nothing(db) else None
+    if again is not None:
+        again.queries_log.clear()  # a fresh connection object's log starts empty too
     with _lock:
         if generation != _generation:  # lent in the parent of this forked child: the parent's
             if raw is not None:
@@ -191,16 +201,31 @@ def _give_back(db: Any, generation: int) -> None:
             return
         _out -= 1
         if keep and raw is not None:
-            _free.append((raw, time.monotonic()))
+            _free.append((raw, again, time.monotonic()))
     if not keep and raw is not None:
         # Lost during the block (the server restarted, say), or left in a transaction: the
         # next borrower opens a new one.
         raw.close()
 
 
+def _remembers_nothing(db: BaseDatabaseWrapper) -> bool:
+    """Whether a connection object holds nothing of the calls it served: no error met (nor the
+    exception Django keeps of one), no transaction, savepoint or on-commit callback open."""
+    # rollback_exc is not in django-stubs' DatabaseWrapper; Django sets it with needs_rollback
+    # and never clears it, so it outlives the transaction that met the error.
+    return (
+        cast(Any, db).rollback_exc is None
+        and not db.errors_occurred
+        and not db.needs_rollback
+        and not db.in_atomic_block
+        and not db.savepoint_ids
+        and not db.run_on_commit
+    )
+
+
 def _forget_after_fork() -> None:
     global _lock, _out, _generation
-    _inherited.extend(raw for raw, _ in _free)
+    _inherited.extend(raw for raw, _, _ in _free)
     _free.clear()
     _out = 0
     _generation += 1

@@ -117,6 +117,9 @@ Tuples = list[CheckpointTuple]
 Ops = list[dict[str, Any]]  # RFC 6902
 EncodedWrites = list[tuple[str, Any]]  # (channel, JSON-safe value)
 Walked = list[tuple[UUID, str, frozenset[str]]]  # (row, LangGraph id, channels) per ancestor
+# A put's outcome: the thread, the new row (None: there already), the private copy of the channel
+# values, and the lists among them whose items are all _shallow.
+Written = tuple[Thread, UUID | None, dict[str, Any], frozenset[str]]
 Rows = list[UUID]
 
 TYPED = "__lg_typed__"
@@ -186,14 +189,24 @@ class Known:
     lg_id: str
     row: UUID
     values: dict[str, Any]  # by channel: copies no one outside this saver holds (see _private)
+    # The list channels in `values` whose items are all _shallow (messages as plain JSON, mostly).
+    shallow: frozenset[str]
     # The (LangGraph id, row) of the checkpoint this one was written after, whose pending writes
     # LangGraph may still be saving.
     previous: tuple[str, UUID] | None = None
 
     def lists(self) -> dict[str, list[Any]]:
         """Fresh copies of the list channels: a read of this very checkpoint hands those out
-        instead of decoding the stored values again."""
-        return {name: _private(value) for name, value in self.values.items() if type(value) is list}
+        instead of decoding the stored values again. LangGraph reads the thread's checkpoint
+        before every run, so a growing message list is copied on every step: a list of
+        _shallow items is copied a dict at a time, without walking each item again."""
+        return {
+            name: [item.copy() if type(item) is dict else item for item in value]
+            if name in self.shallow
+            else _private(value)
+            for name, value in self.values.items()
+            if type(value) is list
+        }
 
     def row_of(self, lg_id: str) -> UUID | None:
         if lg_id == self.lg_id:
@@ -390,8 +403,8 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         # The graph goes on from these values: remember a copy of them, so the next put sees what changed.
         if known is None or known.row != row or known.thread.pk != thread_pk:
             held = {name: _private(value) for name, value in read.checkpoint["channel_values"].items()}
-            self._known.remember(thread_id, checkpoint_ns, Known(thread=thread, lg_id=metadata["lg_id"], row=row,
-                                                                 values=held))  # fmt: skip
+            known = Known(thread=thread, lg_id=metadata["lg_id"], row=row, values=held, shallow=_shallow_lists(held))
+            self._known.remember(thread_id, checkpoint_ns, known)
         return read
 
     def list(
@@ -513,12 +526,14 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 written = self._put_state(*key, lg_parent, checkpoint, values, lg_metadata)
         finally:
             self._putting.discard((*key, lg_id))
-        thread, row, held = written
+        thread, row, held, shallow = written
         if row is None:
             self._known.forget(*key)
         else:
             previous = (known.lg_id, known.row) if known is not None and known.lg_id == lg_parent else None
-            self._known.remember(*key, Known(thread=thread, lg_id=lg_id, row=row, values=held, previous=previous))
+            self._known.remember(
+                *key, Known(thread=thread, lg_id=lg_id, row=row, values=held, shallow=shallow, previous=previous)
+            )
         # Under the lock, always: a put_writes() that looked for this row just before it committed
         # may be noting its interrupts right now, and must either be seen here or see the row.
         with self._unfiled_lock:
@@ -535,19 +550,19 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         checkpoint: LGCheckpoint,
         values: dict[str, Any],
         lg_metadata: dict[str, Any],
-    ) -> tuple[Thread, UUID | None, dict[str, Any]]:
+    ) -> Written:
         """Write the checkpoint's full state, which the store diffs against its parent's.
-        Returns the thread, the new row (None when the checkpoint was there already) and a
-        private copy of the channel values."""
+        Returns the thread, the new row (None when the checkpoint was there already), a
+        private copy of the channel values and which of them are lists of _shallow items."""
         thread = self._thread(thread_id, checkpoint_ns, create=True)
         assert thread is not None
         state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
         state["channel_values"] = {name: self._encode(value) for name, value in values.items()}
         if _with_lg_id(thread, checkpoint["id"]).exists():
-            return thread, None, {}
+            return thread, None, {}, frozenset()
         row = self._append(thread, lg_id=checkpoint["id"], lg_parent=lg_parent, lg_metadata=lg_metadata, state=state)
         held = {name: _private(value) for name, value in values.items()}
-        return thread, row.pk if row is not None else None, held
+        return thread, row.pk if row is not None else None, held, _shallow_lists(held)
 
     def _put_patch(
         self,
@@ -556,12 +571,15 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any],
         new_versions: ChannelVersions,
         lg_metadata: dict[str, Any],
-    ) -> tuple[Thread, UUID | None, dict[str, Any]] | None:
+    ) -> Written | None:
         """Write the checkpoint after `known`, its parent, as a patch of what changed; None when
         the full state must be written instead."""
         held: dict[str, Any] = {}
+        shallow: set[str] = set()
         try:
-            patch = self._patch(storage.load_node(known.row).state, known, checkpoint, values, new_versions, held)
+            patch = self._patch(
+                storage.load_node(known.row).state, known, checkpoint, values, new_versions, held, shallow
+            )
             row = self._append(
                 known.thread, lg_id=checkpoint["id"], lg_parent=known.lg_id, lg_metadata=lg_metadata, patch=patch,
                 parent=known.row,
@@ -570,7 +588,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             # The thread or the parent is gone (deleted, rebuilt elsewhere), or what this saver
             # remembers does not fit what is stored: the full-state path looks everything up again.
             return None
-        return known.thread, row.pk if row is not None else None, held
+        return known.thread, row.pk if row is not None else None, held, frozenset(shallow)
 
     def _patch(
         self,
@@ -580,38 +598,45 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         values: dict[str, Any],
         new_versions: ChannelVersions,
         held: dict[str, Any],
+        shallow: set[str],
     ) -> Ops:
         """RFC 6902 ops from the parent's stored state to the checkpoint's, encoding only what
-        changed; fills `held` with the private copy of the checkpoint's channel values."""
+        changed; fills `held` with the private copy of the checkpoint's channel values and
+        `shallow` with the lists among them whose items are all _shallow."""
         ops: Ops = []
         for key, value in checkpoint.items():
             if key != "channel_values":
-                ops += _member_ops(parent.get(key, MISSING), self._encode(value), [key])
-        ops += [{"op": "remove", "path": format_pointer([key])} for key in parent if key not in checkpoint]
+                ops += _member_ops(parent.get(key, MISSING), self._encode(value), _pointer(key))
+        ops += [{"op": "remove", "path": _pointer(key)} for key in parent if key not in checkpoint]
         stored = parent.get("channel_values")
         if not isinstance(stored, dict):
             encoded = {name: self._encode(value) for name, value in values.items()}
             held.update((name, _private(value)) for name, value in values.items())
+            shallow.update(_shallow_lists(held))
             return [*ops, {"op": "add", "path": "/channel_values", "value": encoded}]
-        ops += [
-            {"op": "remove", "path": format_pointer(["channel_values", name])} for name in stored if name not in values
-        ]
+        ops += [{"op": "remove", "path": _pointer("channel_values", name)} for name in stored if name not in values]
         for name, value in values.items():
-            channel_ops, held[name] = self._channel_ops(
-                name, value, stored.get(name, MISSING), known.values.get(name, MISSING), changed=name in new_versions
-            )
+            channel_ops, held[name], is_shallow = self._channel_ops(
+                name, value, stored.get(name, MISSING), known.values.get(name, MISSING),
+                changed=name in new_versions, shallow=name in known.shallow,
+            )  # fmt: skip
+            if is_shallow:
+                shallow.add(name)
             ops += channel_ops
         return ops
 
-    def _channel_ops(self, name: str, value: Any, stored: Any, held: Any, *, changed: bool) -> tuple[Ops, Any]:
-        """Ops turning a channel's stored value into `value`, and the private copy of `value`.
+    def _channel_ops(
+        self, name: str, value: Any, stored: Any, held: Any, *, changed: bool, shallow: bool
+    ) -> tuple[Ops, Any, bool]:
+        """Ops turning a channel's stored value into `value`, the private copy of `value`, and
+        whether that copy is a list of _shallow items (`shallow`: whether `held` is).
 
         O(change) when LangGraph did not write the channel, or when `value` is a list whose first
         items equal those of `held` (the private copy of the parent's value) and the rest are new:
         comparing is cheap next to encoding, and catches an item edited in place.
         """
         if not changed and stored is not MISSING and held is not MISSING:
-            return [], held
+            return [], held, shallow
         if (
             type(value) is list
             and type(held) is list
@@ -619,13 +644,13 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             and len(stored) == len(held) <= len(value)
             and all(map(eq, value, held))
         ):
-            end = format_pointer(["channel_values", name, "-"])
+            end = _pointer("channel_values", name, "-")
             added = value[len(held) :]
-            return [{"op": "add", "path": end, "value": self._encode(item)} for item in added], [
-                *held,
-                *map(_private, added),
-            ]
-        return _member_ops(stored, self._encode(value), ["channel_values", name]), _private(value)
+            ops = [{"op": "add", "path": end, "value": self._encode(item)} for item in added]
+            return ops, [*held, *map(_private, added)], shallow and all(map(_shallow, added))
+        copied = _private(value)
+        ops = _member_ops(stored, self._encode(value), _pointer("channel_values", name))
+        return ops, copied, type(copied) is list and all(map(_shallow, copied))
 
     def _append(
         self,
@@ -1085,9 +1110,26 @@ def _private(value: Any) -> Any:
     return copy.deepcopy(value)
 
 
-def _member_ops(stored: Any, value: Any, tokens: list[str]) -> Ops:
-    """Ops turning the stored value at `tokens` (MISSING: none) into `value`, both JSON-safe."""
-    path = format_pointer(tokens)
+def _shallow(item: Any) -> bool:
+    """Whether `item` is a JSON scalar or a dict of them (a message as plain JSON), which a copy
+    of the dict alone makes private."""
+    kind = type(item)
+    return kind in PLAIN or (kind is dict and all(type(value) in PLAIN for value in item.values()))
+
+
+def _shallow_lists(values: Mapping[str, Any]) -> frozenset[str]:
+    """The names of the lists in `values` whose items are all _shallow."""
+    return frozenset(name for name, value in values.items() if type(value) is list and all(map(_shallow, value)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _pointer(*tokens: str) -> str:
+    """The JSON pointer of a checkpoint member or channel: the same few on every put."""
+    return format_pointer(tokens)
+
+
+def _member_ops(stored: Any, value: Any, path: str) -> Ops:
+    """Ops turning the stored value at `path` (MISSING: none) into `value`, both JSON-safe."""
     if stored is MISSING:
         return [{"op": "add", "path": path, "value": value}]
     return make_patch(stored, value, path)

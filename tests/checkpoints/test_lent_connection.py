@@ -94,7 +94,22 @@ def test_a_thread_with_its_own_connection_open_outside_a_transaction_borrows_and
     assert same_after  # the thread's own connection is back, open, untouched
 
 
-def test_a_connection_object_lives_for_one_borrow_and_keeps_no_exception() -> None:
+def test_a_connection_object_that_served_a_call_cleanly_serves_the_next_borrow() -> None:
+    def borrow(name: str) -> tuple[weakref.ref[Any], int]:
+        with lent_connection.borrowed():
+            pid = backend_pid()
+            with transaction.atomic():  # a transaction opened and committed leaves nothing behind
+                Agent.objects.create(name=name)
+            return weakref.ref(connections[DEFAULT_DB_ALIAS]), pid
+
+    first, first_pid = in_thread(lambda: borrow("first"))
+    second, second_pid = in_thread(lambda: borrow("second"))
+
+    assert first() is not None and first() is second()
+    assert first_pid == second_pid
+
+
+def test_a_connection_object_that_met_an_error_is_dropped_and_keeps_no_exception() -> None:
     """What a call leaves on Django's connection object (the last exception that went through an
     atomic block, and through its traceback every frame up the stack) goes with the object: the
     open connection is kept, the object is not."""

@@ -25,6 +25,14 @@ FILES = [
     f"src/{name}.py" for name in ("api", "auth", "billing", "cache", "cli", "db", "jobs", "models", "search", "views")
 ]
 TABLES = [f"table_{n:02d}" for n in range(1, 21)]
+# The framework integrations' demos, as dotted paths of functions their apps register, so that no
+# framework is imported before seed_demo runs them (and none at all when it is not installed).
+DEMOS: list[str] = []
+
+
+def register_demo(path: str) -> None:
+    if path not in DEMOS:
+        DEMOS.append(path)
 
 
 def side_effect(tool: str, detail: str) -> None:

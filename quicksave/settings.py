@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -47,6 +48,7 @@ INSTALLED_APPS = [
     "approvals",
     "audit",
     "integrations.langgraph.apps.LangGraphConfig",
+    "integrations.adk.apps.AdkConfig",
 ]
 
 MIDDLEWARE = [
@@ -252,7 +254,10 @@ QUICKSAVE_ENCRYPTION_KEYS = envsecret(
 parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.
-QUICKSAVE_AGENT_MODULES = envlist("QUICKSAVE_AGENT_MODULES", ["agents.demo"])
+# The framework demos join when their framework is installed (requirements-<framework>.txt).
+QUICKSAVE_AGENT_MODULES = envlist(
+    "QUICKSAVE_AGENT_MODULES", ["agents.demo"] + (["integrations.adk.demo"] if find_spec("google.adk") else [])
+)
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)
 QUICKSAVE_APPROVAL_EXPIRY_OUTCOME = envstr("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME", "reject")

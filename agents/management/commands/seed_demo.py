@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.module_loading import import_string
+
 from django.core.management.base import BaseCommand, CommandParser
 
 from agents import tool_calls
-from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent
+from agents.demo import DEMOS, FILES, CodeReviewAgent, MigrationAgent, TravelAgent
 from agents.runtime import start_thread
 from agents.worker import Worker
 from checkpoints.models import Checkpoint, Thread
@@ -31,6 +33,11 @@ class Command(BaseCommand):
             start_thread(agent_class=MigrationAgent, external_id="demo-migration-orders"),
             _review_whose_worker_died(),
         ]
+        for path in DEMOS:  # the framework integrations' demos, each with its framework installed
+            try:
+                started.append(import_string(path)())
+            except ImportError as exc:
+                self.stdout.write(f"Skipped the demo {path}: {exc}")
         self.stdout.write(f"Demo threads: {', '.join(thread.external_id or str(thread.pk) for thread in started)}")
         if options["no_run"]:
             return

@@ -1,0 +1,351 @@
+"""QuicksaveSessionService: ADK sessions stored as Quicksave threads.
+
+A session is a thread of the Quicksave agent named by the ADK app (external id
+`["<user_id>", "<session_id>"]`, metadata `{"framework": "adk", "adk": {...}}`). Each appended
+event is a checkpoint whose state is `{"state": <session-scoped state>, "event": <the event>}`,
+written as a patch that replaces `/event` and adds the state delta: a delta of about one event,
+and an event that reads back from its own row. So `get_session(num_recent_events=n)` reads n
+rows newest first (one query, each row's MAC checked against its parent's) and the head's small
+state, whatever the session's length.
+
+`app:` and `user:` state is shared as ADK's own services share it: each scope is a thread of its
+own (external ids `adk:app-state`, `adk:user-state:<user_id>`) whose head state holds the
+unprefixed keys; `temp:` state is never stored. A session whose caller holds an older copy than
+the stored one gets StaleSessionError on append, as from ADK's DatabaseSessionService. An event
+that asks for a tool confirmation files an approval in the same transaction
+(integrations.adk.confirmations).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.db import transaction
+from django.db.models import OuterRef, Subquery
+from google.adk.errors import StaleSessionError
+from google.adk.errors.already_exists_error import AlreadyExistsError
+from google.adk.errors.session_not_found_error import SessionNotFoundError
+from google.adk.events.event import Event
+from google.adk.sessions.base_session_service import BaseSessionService, GetSessionConfig, ListSessionsResponse
+from google.adk.sessions.session import Session
+from google.adk.sessions.state import State
+
+from agents.fencing import Fence
+from agents.keys import get_or_create_agent
+from agents.models import Agent
+from checkpoints import codec, store
+from checkpoints.errors import IntegrityFailure, StaleParent
+from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
+from integrations.adk import confirmations
+
+FRAMEWORK = "adk"
+APP_SCOPE = "adk:app-state"
+USER_SCOPE = "adk:user-state:"
+LABEL_CHARS = 200
+
+
+def session_key(user_id: str, session_id: str) -> str:
+    """The thread's external id: unambiguous whatever the ids contain."""
+    key = codec.dumps([user_id, session_id])
+    if len(key) > 255:
+        raise ValueError("The user id and session id together are too long for a Quicksave thread (255 characters).")
+    return key
+
+
+class QuicksaveSessionService(BaseSessionService):
+    """ADK's BaseSessionService on Quicksave threads (see the module docstring).
+
+    The worker passes its run's `fence` and `lease_held`: every write of a resumed invocation
+    carries the fence, and stops (LeaseLost) once another attempt holds the run.
+    """
+
+    def __init__(self, *, fence: Fence | None = None, lease_held: Callable[[], bool] | None = None) -> None:
+        self.fence = fence
+        self.lease_held = lease_held or (lambda: True)
+
+    # ------------------------------------------------------------------ the interface
+
+    async def create_session(
+        self, *, app_name: str, user_id: str, state: dict[str, Any] | None = None, session_id: str | None = None
+    ) -> Session:
+        return await database_sync_to_async(self.create_session_sync)(
+            app_name=app_name, user_id=user_id, state=state, session_id=session_id
+        )
+
+    async def get_session(
+        self, *, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None = None
+    ) -> Session | None:
+        return await database_sync_to_async(self.get_session_sync)(
+            app_name=app_name, user_id=user_id, session_id=session_id, config=config
+        )
+
+    async def list_sessions(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
+        return await database_sync_to_async(self.list_sessions_sync)(app_name=app_name, user_id=user_id)
+
+    async def delete_session(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        await database_sync_to_async(self.delete_session_sync)(app_name=app_name, user_id=user_id,
+                                                               session_id=session_id)  # fmt: skip
+
+    async def get_user_state(self, *, app_name: str, user_id: str) -> dict[str, Any]:
+        return await database_sync_to_async(self._scope_state)(app_name, USER_SCOPE + user_id)
+
+    async def append_event(self, session: Session, event: Event) -> Event:
+        if event.partial:
+            return event
+        stored = await database_sync_to_async(self.store_event)(session, event)
+        if not stored:
+            return event  # the same event delivered again
+        # ADK's own bookkeeping: temp: state into the live session, the rest of the delta too.
+        await super().append_event(session=session, event=event)
+        session.last_update_time = event.timestamp
+        return event
+
+    # ------------------------------------------------------------------ sync bodies
+
+    def create_session_sync(
+        self, *, app_name: str, user_id: str, state: dict[str, Any] | None = None, session_id: str | None = None
+    ) -> Session:
+        session_id = (session_id or "").strip() or str(uuid.uuid4())
+        app_delta, user_delta, session_state = split(state or {})
+        agent = get_or_create_agent(name=app_name, version=FRAMEWORK)
+        now = time.time()
+        with transaction.atomic():
+            thread, created = store.create_thread(
+                agent=agent, external_id=session_key(user_id, session_id),
+                metadata={"framework": FRAMEWORK, "adk": {"app_name": app_name, "user_id": user_id,
+                                                          "session_id": session_id}},
+            )  # fmt: skip
+            if not created:
+                raise AlreadyExistsError(f"Session with id {session_id} already exists.")
+            store.append_checkpoint(thread=thread, parent=None, state={"state": session_state, "event": None}, step=0,
+                                    label="session created", metadata={"ts": now}, fence=self.fence)  # fmt: skip
+            app_state = self._update_scope(agent, APP_SCOPE, app_delta)
+            user_state = self._update_scope(agent, USER_SCOPE + user_id, user_delta)
+        return Session(id=session_id, app_name=app_name, user_id=user_id, last_update_time=now,
+                       state=merged(app_state, user_state, session_state))  # fmt: skip
+
+    def get_session_sync(
+        self, *, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None = None
+    ) -> Session | None:
+        thread = find_thread(app_name, user_id, session_id)
+        if thread is None or thread.head_id is None:
+            return None
+        head = Checkpoint.objects.only("id", "branch_id", "seq", "metadata", "created_at").get(pk=thread.head_id)
+        limit = config.num_recent_events if config else None
+        after = config.after_timestamp if config else None
+        events = [] if limit == 0 else list(reversed(list(recent_events(head, limit=limit, after=after))))
+        return Session(
+            id=session_id, app_name=app_name, user_id=user_id, events=events, last_update_time=updated_at(head),
+            state=merged(self._scope_state(app_name, APP_SCOPE), self._scope_state(app_name, USER_SCOPE + user_id),
+                         session_state(head.pk)),
+        )  # fmt: skip
+
+    def list_sessions_sync(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
+        threads = Thread.objects.filter(agent__name=app_name, metadata__framework=FRAMEWORK,
+                                        metadata__adk__has_key="session_id", head__isnull=False)  # fmt: skip
+        if user_id is not None:
+            threads = threads.filter(metadata__adk__user_id=user_id)
+        rows = threads.values_list("metadata", "head_id", "head__metadata__ts")
+        app_state = self._scope_state(app_name, APP_SCOPE)
+        user_states: dict[str, dict[str, Any]] = {}
+        sessions = []
+        for metadata, head_id, ts in rows:
+            info = metadata["adk"]
+            owner = info["user_id"]
+            if owner not in user_states:
+                user_states[owner] = self._scope_state(app_name, USER_SCOPE + owner)
+            sessions.append(Session(id=info["session_id"], app_name=app_name, user_id=owner,
+                                    last_update_time=float(ts) if ts is not None else 0.0,
+                                    state=merged(app_state, user_states[owner], session_state(head_id))))  # fmt: skip
+        sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+        return ListSessionsResponse(sessions=sessions)
+
+    def delete_session_sync(self, *, app_name: str, user_id: str, session_id: str) -> None:
+        thread = find_thread(app_name, user_id, session_id)
+        if thread is not None:
+            store.delete_thread(thread)
+
+    def store_event(self, session: Session, event: Event) -> bool:
+        """Write `event` as the session's next checkpoint; False when it is the head already."""
+        thread = find_thread(session.app_name, session.user_id, session.id)
+        if thread is None or thread.head_id is None:
+            raise SessionNotFoundError(f"Session {session.id} not found.")
+        if self.fence is not None and not self.lease_held():
+            raise self.fence.lost(thread_id=thread.pk)
+        head = Checkpoint.objects.only("id", "step", "metadata", "created_at").get(pk=thread.head_id)
+        stored_event = head.metadata.get("adk_event")
+        if stored_event == event.id and session.events and session.events[-1] is event:
+            return False
+        if (session.events and stored_event != session.events[-1].id) or (
+            not session.events and updated_at(head) > session.last_update_time
+        ):
+            raise StaleSessionError(
+                f"Session {session.id} was changed since this copy was read (its last event is {stored_event}); "
+                "read it again with get_session."
+            )
+        delta = event.actions.state_delta if event.actions else {}
+        app_delta, user_delta, session_delta = split(delta)
+        body = event.model_dump(mode="json", exclude_none=True)
+        if body.get("actions", {}).get("state_delta"):
+            body["actions"]["state_delta"] = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
+        patch: list[dict[str, Any]] = [{"op": "replace", "path": "/event", "value": body}]
+        patch += [{"op": "add", "path": f"/state/{pointer(key)}", "value": value} for key, value in session_delta.items()]
+        asks = confirmations.requests_in(event)
+        waiting = thread.status == ThreadStatus.WAITING_FOR_APPROVAL
+        try:
+            with transaction.atomic():
+                checkpoint = store.append_checkpoint(
+                    thread=thread, parent=head.pk, patch=patch, step=(head.step or 0) + 1, label=label_of(event),
+                    # The events after a confirmation's, in its invocation, leave the thread waiting.
+                    status=CheckpointStatus.WAITING_FOR_APPROVAL if asks or waiting else CheckpointStatus.RUNNING,
+                    metadata={"adk_event": event.id, "ts": event.timestamp, "author": event.author,
+                              "invocation": event.invocation_id},
+                    fence=self.fence,
+                )  # fmt: skip
+                agent = Agent.objects.get(pk=thread.agent_id)
+                self._update_scope(agent, APP_SCOPE, app_delta)
+                self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
+                confirmations.file(thread=thread, checkpoint=checkpoint, requests=asks, fence=self.fence)
+        except StaleParent:
+            raise StaleSessionError(f"Session {session.id} was changed by another writer; read it again.") from None
+        return True
+
+    # ------------------------------------------------------------------ app and user state
+
+    def _scope_state(self, app_name: str, key: str) -> dict[str, Any]:
+        thread_id = Thread.objects.filter(agent__name=app_name, external_id=key).values_list("pk", flat=True).first()
+        if thread_id is None:
+            return {}
+        return store.latest_state(thread=thread_id)[1]
+
+    def _update_scope(self, agent: Agent, key: str, delta: dict[str, Any]) -> dict[str, Any]:
+        """Merge `delta` into a scope's state (a checkpoint when it changes anything); the new state."""
+        if not delta:
+            return self._scope_state(agent.name, key)
+        thread, _ = store.create_thread(agent=agent, external_id=key,
+                                        metadata={"framework": FRAMEWORK, "adk": {"scope": key}})  # fmt: skip
+        while True:
+            head, state = store.latest_state(thread=thread)
+            if all(name in state and state[name] == value for name, value in delta.items()):
+                return state
+            try:
+                with transaction.atomic():
+                    store.append_checkpoint(thread=thread, parent=head, state={**state, **delta}, label="state",
+                                            fence=self.fence)  # fmt: skip
+                return {**state, **delta}
+            except StaleParent:
+                continue  # another session changed this scope meanwhile: merge into theirs
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def find_thread(app_name: str, user_id: str, session_id: str) -> Thread | None:
+    session_id = session_id.strip() if session_id else session_id
+    try:
+        key = session_key(user_id, session_id)
+    except ValueError:
+        return None
+    return Thread.objects.filter(agent__name=app_name, external_id=key).only("id", "agent_id", "head_id", "status").first()
+
+
+def session_state(checkpoint_id: Any) -> dict[str, Any]:
+    state = store.load_node(checkpoint_id, hot=True).state.get("state") or {}
+    return dict(state)
+
+
+def updated_at(head: Checkpoint) -> float:
+    ts = head.metadata.get("ts")
+    return float(ts) if isinstance(ts, (int, float)) else head.created_at.timestamp()
+
+
+def recent_events(head: Checkpoint, *, limit: int | None, after: float | None) -> Iterator[Event]:
+    """The events on the path to `head`, newest first: its branch back to the fork point, then the
+    fork point's branch, and so on. Each row's MAC is checked against its parent's."""
+    branch_id, top = head.branch_id, head.seq
+    left = limit
+    parent_mac = Checkpoint.objects.filter(pk=OuterRef("parent_id")).values("integrity")
+    while left is None or left > 0:
+        rows = (
+            Checkpoint.objects.filter(thread_id=head.thread_id, branch_id=branch_id, seq__lte=top,
+                                      metadata__has_key="adk_event")
+            .annotate(parent_integrity=Subquery(parent_mac))
+            .order_by("-seq")
+        )  # fmt: skip
+        if after is not None:
+            rows = rows.filter(metadata__ts__gte=after)
+        for row in rows[:left] if left is not None else rows.iterator(chunk_size=500):
+            verify(row)
+            yield Event.model_validate(event_of(row))
+            if left is not None:
+                left -= 1
+        fork = Branch.objects.filter(pk=branch_id).values_list("fork_point_id", flat=True).first()
+        if fork is None:
+            return
+        branch_id, top = Checkpoint.objects.filter(pk=fork).values_list("branch_id", "seq").get()
+
+
+def verify(row: Any) -> None:
+    parent = bytes(row.parent_integrity) if row.parent_integrity is not None else None
+    if not codec.integrity_matches(
+        bytes(row.integrity), parent_integrity=parent, checkpoint_id=row.id, thread_id=row.thread_id,
+        branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload),
+        fields=store.mac_fields(row), created_at=row.created_at,
+    ):  # fmt: skip
+        raise IntegrityFailure(f"Checkpoint {row.id} fails its integrity check: it was altered outside Quicksave.",
+                               detail={"checkpoint": str(row.id)})  # fmt: skip
+
+
+def event_of(row: Checkpoint) -> Any:
+    """The event a checkpoint appended, read from its own payload (no replay)."""
+    payload = store.decode_payload(row)
+    if row.kind == PayloadKind.SNAPSHOT:
+        return payload["event"]
+    return next(op["value"] for op in payload if op.get("path") == "/event")
+
+
+# --------------------------------------------------------------------------- state scopes
+
+
+def split(delta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """(app, user, session) parts of a state or delta, prefixes stripped from app and user keys; temp: dropped."""
+    app, user, session = {}, {}, {}
+    for key, value in delta.items():
+        if key.startswith(State.APP_PREFIX):
+            app[key.removeprefix(State.APP_PREFIX)] = value
+        elif key.startswith(State.USER_PREFIX):
+            user[key.removeprefix(State.USER_PREFIX)] = value
+        elif not key.startswith(State.TEMP_PREFIX):
+            session[key] = value
+    return app, user, session
+
+
+def merged(app: dict[str, Any], user: dict[str, Any], session: dict[str, Any]) -> dict[str, Any]:
+    state = dict(session)
+    state.update({State.APP_PREFIX + key: value for key, value in app.items()})
+    state.update({State.USER_PREFIX + key: value for key, value in user.items()})
+    return state
+
+
+def pointer(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def label_of(event: Event) -> str:
+    text = ""
+    for part in (event.content.parts or []) if event.content else []:
+        if part.text:
+            text = part.text
+            break
+        if part.function_call:
+            text = f"calls {part.function_call.name}"
+            break
+        if part.function_response:
+            text = f"{part.function_response.name} returned"
+            break
+    label = f"{event.author}: {' '.join(text.split())}" if text else event.author
+    return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"

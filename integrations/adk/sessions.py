@@ -25,7 +25,7 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 from django.db import transaction
-from django.db.models import OuterRef, Subquery
+from django.db.models import OuterRef, QuerySet, Subquery
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
@@ -46,11 +46,12 @@ FRAMEWORK = "adk"
 APP_SCOPE = "adk:app-state"
 USER_SCOPE = "adk:user-state:"
 LABEL_CHARS = 200
+HEAD_FIELDS = ("id", "thread_id", "branch_id", "seq", "step", "metadata", "created_at")
 
 
 def session_key(user_id: str, session_id: str) -> str:
     """The thread's external id: unambiguous whatever the ids contain."""
-    key = codec.dumps([user_id, session_id])
+    key = codec.dumps([user_id, session_id]).decode()
     if len(key) > 255:
         raise ValueError("The user id and session id together are too long for a Quicksave thread (255 characters).")
     return key
@@ -131,18 +132,24 @@ class QuicksaveSessionService(BaseSessionService):
     def get_session_sync(
         self, *, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None = None
     ) -> Session | None:
-        thread = find_thread(app_name, user_id, session_id)
-        if thread is None or thread.head_id is None:
+        try:
+            key = session_key(user_id, session_id.strip() if session_id else session_id)
+        except ValueError:
             return None
-        head = Checkpoint.objects.only("id", "branch_id", "seq", "metadata", "created_at").get(pk=thread.head_id)
+        # The session's thread and its scopes' in one query, each with its head's clear fields.
+        found = {thread.external_id: thread for thread in with_heads(
+            Thread.objects.filter(agent__name=app_name, external_id__in=[key, APP_SCOPE, USER_SCOPE + user_id],
+                                  head__isnull=False))}  # fmt: skip
+        if key not in found:
+            return None
+        head = found[key].head
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
         events = [] if limit == 0 else list(reversed(list(recent_events(head, limit=limit, after=after))))
-        return Session(
-            id=session_id, app_name=app_name, user_id=user_id, events=events, last_update_time=updated_at(head),
-            state=merged(self._scope_state(app_name, APP_SCOPE), self._scope_state(app_name, USER_SCOPE + user_id),
-                         session_state(head.pk)),
-        )  # fmt: skip
+        scopes = [session_state(found[scope].head_id, key=None) if scope in found else {}
+                  for scope in (APP_SCOPE, USER_SCOPE + user_id)]  # fmt: skip
+        return Session(id=session_id, app_name=app_name, user_id=user_id, events=events,
+                       last_update_time=updated_at(head), state=merged(*scopes, session_state(head.pk)))  # fmt: skip
 
     def list_sessions_sync(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         threads = Thread.objects.filter(agent__name=app_name, metadata__framework=FRAMEWORK,
@@ -171,12 +178,12 @@ class QuicksaveSessionService(BaseSessionService):
 
     def store_event(self, session: Session, event: Event) -> bool:
         """Write `event` as the session's next checkpoint; False when it is the head already."""
-        thread = find_thread(session.app_name, session.user_id, session.id)
-        if thread is None or thread.head_id is None:
+        thread = find_thread(session.app_name, session.user_id, session.id, with_head=True)
+        if thread is None or thread.head is None:
             raise SessionNotFoundError(f"Session {session.id} not found.")
         if self.fence is not None and not self.lease_held():
             raise self.fence.lost(thread_id=thread.pk)
-        head = Checkpoint.objects.only("id", "step", "metadata", "created_at").get(pk=thread.head_id)
+        head = thread.head
         stored_event = head.metadata.get("adk_event")
         if stored_event == event.id and session.events and session.events[-1] is event:
             return False
@@ -202,13 +209,14 @@ class QuicksaveSessionService(BaseSessionService):
                     thread=thread, parent=head.pk, patch=patch, step=(head.step or 0) + 1, label=label_of(event),
                     # The events after a confirmation's, in its invocation, leave the thread waiting.
                     status=CheckpointStatus.WAITING_FOR_APPROVAL if asks or waiting else CheckpointStatus.RUNNING,
-                    metadata={"adk_event": event.id, "ts": event.timestamp, "author": event.author,
-                              "invocation": event.invocation_id},
+                    # In clear, for the reads that filter and order on them; the event itself is sealed.
+                    metadata={"adk_event": event.id, "ts": event.timestamp},
                     fence=self.fence,
                 )  # fmt: skip
-                agent = Agent.objects.get(pk=thread.agent_id)
-                self._update_scope(agent, APP_SCOPE, app_delta)
-                self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
+                if app_delta or user_delta:
+                    agent = Agent.objects.get(pk=thread.agent_id)
+                    self._update_scope(agent, APP_SCOPE, app_delta)
+                    self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
                 confirmations.file(thread=thread, checkpoint=checkpoint, requests=asks, fence=self.fence)
         except StaleParent:
             raise StaleSessionError(f"Session {session.id} was changed by another writer; read it again.") from None
@@ -217,10 +225,13 @@ class QuicksaveSessionService(BaseSessionService):
     # ------------------------------------------------------------------ app and user state
 
     def _scope_state(self, app_name: str, key: str) -> dict[str, Any]:
-        thread_id = Thread.objects.filter(agent__name=app_name, external_id=key).values_list("pk", flat=True).first()
-        if thread_id is None:
-            return {}
-        return store.latest_state(thread=thread_id)[1]
+        return self._scope_states(app_name, key)[0]
+
+    def _scope_states(self, app_name: str, *keys: str) -> list[dict[str, Any]]:
+        """The states of the scopes named by `keys` (one query for their heads), {} for a scope never written."""
+        heads = dict(Thread.objects.filter(agent__name=app_name, external_id__in=keys, head__isnull=False)
+                     .values_list("external_id", "head_id"))  # fmt: skip
+        return [session_state(heads[key], key=None) if key in heads else {} for key in keys]
 
     def _update_scope(self, agent: Agent, key: str, delta: dict[str, Any]) -> dict[str, Any]:
         """Merge `delta` into a scope's state (a checkpoint when it changes anything); the new state."""
@@ -244,18 +255,28 @@ class QuicksaveSessionService(BaseSessionService):
 # --------------------------------------------------------------------------- reading
 
 
-def find_thread(app_name: str, user_id: str, session_id: str) -> Thread | None:
+def find_thread(app_name: str, user_id: str, session_id: str, *, with_head: bool = False) -> Thread | None:
+    """The session's thread (with its head checkpoint's clear fields when `with_head`), or None."""
     session_id = session_id.strip() if session_id else session_id
     try:
         key = session_key(user_id, session_id)
     except ValueError:
         return None
-    return Thread.objects.filter(agent__name=app_name, external_id=key).only("id", "agent_id", "head_id", "status").first()
+    threads = Thread.objects.filter(agent__name=app_name, external_id=key)
+    return (with_heads(threads) if with_head else threads.only("id", "agent_id", "head_id", "status")).first()
 
 
-def session_state(checkpoint_id: Any) -> dict[str, Any]:
-    state = store.load_node(checkpoint_id, hot=True).state.get("state") or {}
-    return dict(state)
+def with_heads(threads: QuerySet[Thread]) -> QuerySet[Thread]:
+    """`threads` with their head checkpoints' clear fields, in the same query."""
+    return threads.select_related("head").only(
+        "id", "agent_id", "external_id", "head_id", "status", *(f"head__{name}" for name in HEAD_FIELDS)
+    )
+
+
+def session_state(checkpoint_id: Any, *, key: str | None = "state") -> dict[str, Any]:
+    """The state at a checkpoint: a session's (under `key`) or a scope's (the whole state)."""
+    state = store.load_node(checkpoint_id, hot=True).state
+    return dict((state.get(key) or {}) if key else state)
 
 
 def updated_at(head: Checkpoint) -> float:
@@ -268,7 +289,7 @@ def recent_events(head: Checkpoint, *, limit: int | None, after: float | None) -
     fork point's branch, and so on. Each row's MAC is checked against its parent's."""
     branch_id, top = head.branch_id, head.seq
     left = limit
-    parent_mac = Checkpoint.objects.filter(pk=OuterRef("parent_id")).values("integrity")
+    parent_mac = Checkpoint.objects.filter(pk=OuterRef("parent_id")).order_by().values("integrity")
     while left is None or left > 0:
         rows = (
             Checkpoint.objects.filter(thread_id=head.thread_id, branch_id=branch_id, seq__lte=top,
@@ -283,6 +304,8 @@ def recent_events(head: Checkpoint, *, limit: int | None, after: float | None) -
             yield Event.model_validate(event_of(row))
             if left is not None:
                 left -= 1
+        if left == 0:
+            return
         fork = Branch.objects.filter(pk=branch_id).values_list("fork_point_id", flat=True).first()
         if fork is None:
             return
@@ -336,16 +359,17 @@ def pointer(key: str) -> str:
 
 
 def label_of(event: Event) -> str:
-    text = ""
+    """`<author>: <what>` for the timeline, naming tools but never quoting text: a label is stored
+    in clear, the event's content only sealed."""
+    what = "event"
     for part in (event.content.parts or []) if event.content else []:
-        if part.text:
-            text = part.text
-            break
         if part.function_call:
-            text = f"calls {part.function_call.name}"
+            what = f"calls {part.function_call.name}"
             break
         if part.function_response:
-            text = f"{part.function_response.name} returned"
+            what = f"{part.function_response.name} returned"
             break
-    label = f"{event.author}: {' '.join(text.split())}" if text else event.author
+        if part.text:
+            what = "message"
+    label = f"{event.author}: {what}"
     return label if len(label) <= LABEL_CHARS else label[: LABEL_CHARS - 1] + "…"

@@ -60,7 +60,12 @@ def drive(app: str) -> list[Run]:
 
 
 def final_text(thread: Thread) -> str:
-    return Checkpoint.objects.filter(thread=thread).order_by("-seq").values_list("label", flat=True).first() or ""
+    """The text of the session's last event, as ADK reads it back."""
+    info = thread.metadata["adk"]
+    session = asyncio.run(QuicksaveSessionService().get_session(app_name=info["app_name"], user_id=info["user_id"],
+                                                                session_id=info["session_id"]))  # fmt: skip
+    assert session is not None and session.events[-1].content is not None
+    return f"{session.events[-1].author}: {session.events[-1].content.parts[0].text}"
 
 
 def test_a_confirmation_waits_in_the_inbox_with_its_payload_and_hint(rita: User) -> None:

@@ -70,7 +70,7 @@ async def test_each_event_is_a_checkpoint_of_the_sessions_thread_which_names_its
 
     assert thread.metadata["framework"] == "adk"
     assert thread.metadata["adk"] == {"app_name": app, "user_id": "ana", "session_id": "trip"}
-    assert labels == ["session created", "user: Rome, please", "concierge: Booked."]
+    assert labels == ["session created", "user: message", "concierge: message"]
 
 
 async def test_app_and_user_state_are_shared_across_sessions_and_temp_state_is_never_stored(app: str) -> None:

@@ -254,9 +254,18 @@ QUICKSAVE_ENCRYPTION_KEYS = envsecret(
 parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.
+
+
+def _installed(module: str) -> bool:
+    try:
+        return find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing
+        return False
+
+
 # The framework demos join when their framework is installed (requirements-<framework>.txt).
 QUICKSAVE_AGENT_MODULES = envlist(
-    "QUICKSAVE_AGENT_MODULES", ["agents.demo"] + (["integrations.adk.demo"] if find_spec("google.adk") else [])
+    "QUICKSAVE_AGENT_MODULES", ["agents.demo"] + (["integrations.adk.demo"] if _installed("google.adk") else [])
 )
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)

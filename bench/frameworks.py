@@ -46,12 +46,12 @@ from urllib.parse import urlsplit, urlunsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import psycopg  # noqa: E402
-from psycopg import sql  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bench.peers import english_text, relation_bytes, server_url  # noqa: E402
-from bench.quicksave_runs import TABLES  # noqa: E402
+from bench.peers import english_text, relation_bytes, server_url
+from bench.quicksave_runs import TABLES
 
 # A database of its own: the other benchmarks empty quicksave_bench's tables when they start.
 DB_NAME = "quicksave_bench_frameworks"
@@ -257,8 +257,10 @@ def table(runs: Sequence[ServiceRun]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--turns", type=int, default=1000)
-    parser.add_argument("--long-events", type=int, default=10_000,
-                        help="events of the long Quicksave session whose latest-items read is timed (0: none)")  # fmt: skip
+    parser.add_argument(
+        "--long-events", type=int, default=10_000,
+        help="events of the long Quicksave session whose latest-items read is timed (0: none)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     setup_django()
     print(f"[server] {urlsplit(server_url()).netloc}; {args.turns} turns per service", flush=True)

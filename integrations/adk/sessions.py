@@ -140,16 +140,17 @@ class QuicksaveSessionService(BaseSessionService):
         found = {thread.external_id: thread for thread in with_heads(
             Thread.objects.filter(agent__name=app_name, external_id__in=[key, APP_SCOPE, USER_SCOPE + user_id],
                                   head__isnull=False))}  # fmt: skip
-        if key not in found:
+        head = found[key].head if key in found else None
+        if head is None:
             return None
-        head = found[key].head
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
         events = [] if limit == 0 else list(reversed(list(recent_events(head, limit=limit, after=after))))
-        scopes = [session_state(found[scope].head_id, key=None) if scope in found else {}
-                  for scope in (APP_SCOPE, USER_SCOPE + user_id)]  # fmt: skip
+        app_state, user_state = (session_state(found[scope].head_id, key=None) if scope in found else {}
+                                 for scope in (APP_SCOPE, USER_SCOPE + user_id))  # fmt: skip
+        state = merged(app_state, user_state, session_state(head.pk))
         return Session(id=session_id, app_name=app_name, user_id=user_id, events=events,
-                       last_update_time=updated_at(head), state=merged(*scopes, session_state(head.pk)))  # fmt: skip
+                       last_update_time=updated_at(head), state=state)  # fmt: skip
 
     def list_sessions_sync(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         threads = Thread.objects.filter(agent__name=app_name, metadata__framework=FRAMEWORK,
@@ -200,7 +201,8 @@ class QuicksaveSessionService(BaseSessionService):
         if body.get("actions", {}).get("state_delta"):
             body["actions"]["state_delta"] = {k: v for k, v in delta.items() if not k.startswith(State.TEMP_PREFIX)}
         patch: list[dict[str, Any]] = [{"op": "replace", "path": "/event", "value": body}]
-        patch += [{"op": "add", "path": f"/state/{pointer(key)}", "value": value} for key, value in session_delta.items()]
+        for key, value in session_delta.items():
+            patch.append({"op": "add", "path": f"/state/{pointer(key)}", "value": value})
         asks = confirmations.requests_in(event)
         waiting = thread.status == ThreadStatus.WAITING_FOR_APPROVAL
         try:

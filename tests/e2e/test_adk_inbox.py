@@ -96,5 +96,5 @@ def test_an_edited_confirmation_resumes_the_adk_agent_onto_its_timeline(tab: Pag
     tab.shot("adk resumed")
 
     session = QuicksaveSessionService().get_session_sync(app_name=demo.APP, user_id="ana", session_id=session_id)
-    assert session is not None and session.events[-1].content is not None
+    assert session is not None and session.events[-1].content is not None and session.events[-1].content.parts
     assert session.events[-1].content.parts[0].text == "Booked Hotel Raphael in Rome for 5 nights."

@@ -64,7 +64,7 @@ def final_text(thread: Thread) -> str:
     info = thread.metadata["adk"]
     session = asyncio.run(QuicksaveSessionService().get_session(app_name=info["app_name"], user_id=info["user_id"],
                                                                 session_id=info["session_id"]))  # fmt: skip
-    assert session is not None and session.events[-1].content is not None
+    assert session is not None and session.events[-1].content is not None and session.events[-1].content.parts
     return f"{session.events[-1].author}: {session.events[-1].content.parts[0].text}"
 
 
@@ -134,8 +134,8 @@ def test_a_decision_whose_confirmation_was_answered_already_fails_closed(rita: U
     decide(approval=approval, user=rita, decision="approve")
     drive(demo.APP)
     # The same decision delivered again (a replayed run): the session answered it already.
-    from agents.runs import enqueue_run
     from agents.models import RunReason
+    from agents.runs import enqueue_run
 
     enqueue_run(thread=thread, checkpoint=approval.checkpoint, reason=RunReason.APPROVAL, approval=approval)
     runs = drive(demo.APP)

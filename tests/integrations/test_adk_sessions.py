@@ -27,15 +27,15 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
 
 def said(text: str, *, author: str = "user", delta: dict[str, Any] | None = None, at: float | None = None) -> Event:
-    event = Event(invocation_id="inv", author=author, actions=EventActions(state_delta=delta or {}),
-                  content=types.Content(role="user" if author == "user" else "model", parts=[types.Part(text=text)]))  # fmt: skip
+    content = types.Content(role="user" if author == "user" else "model", parts=[types.Part(text=text)])
+    event = Event(invocation_id="inv", author=author, actions=EventActions(state_delta=delta or {}), content=content)
     if at is not None:
         event.timestamp = at
     return event
 
 
 def texts(session: Session) -> list[str]:
-    return [event.content.parts[0].text for event in session.events if event.content and event.content.parts]
+    return [str(event.content.parts[0].text) for event in session.events if event.content and event.content.parts]
 
 
 @pytest.fixture
@@ -64,9 +64,13 @@ async def test_each_event_is_a_checkpoint_of_the_sessions_thread_which_names_its
     await service.append_event(session, said("Rome, please"))
     await service.append_event(session, said("Booked.", author="concierge"))
 
-    thread = await database_sync_to_async(Thread.objects.get)(pk=(await database_sync_to_async(find_thread)(app, "ana", "trip")).pk)
-    labels = await database_sync_to_async(lambda: list(Checkpoint.objects.filter(thread=thread).order_by("seq")
-                                                       .values_list("label", flat=True)))()  # fmt: skip
+    def read() -> tuple[Thread, list[str]]:
+        found = find_thread(app, "ana", "trip")
+        assert found is not None
+        thread = Thread.objects.get(pk=found.pk)
+        return thread, list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("label", flat=True))
+
+    thread, labels = await database_sync_to_async(read)()
 
     assert thread.metadata["framework"] == "adk"
     assert thread.metadata["adk"] == {"app_name": app, "user_id": "ana", "session_id": "trip"}

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.utils.module_loading import import_string
-
 from django.core.management.base import BaseCommand, CommandParser
+from django.utils.module_loading import import_string
 
 from agents import tool_calls
 from agents.demo import DEMOS, FILES, CodeReviewAgent, MigrationAgent, TravelAgent

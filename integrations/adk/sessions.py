@@ -132,8 +132,9 @@ class QuicksaveSessionService(BaseSessionService):
     def get_session_sync(
         self, *, app_name: str, user_id: str, session_id: str, config: GetSessionConfig | None = None
     ) -> Session | None:
+        session_id = session_id.strip() if session_id else session_id  # as ADK's own services normalise it
         try:
-            key = session_key(user_id, session_id.strip() if session_id else session_id)
+            key = session_key(user_id, session_id)
         except ValueError:
             return None
         # The session's thread and its scopes' in one query, each with its head's clear fields.

@@ -18,10 +18,13 @@ that asks for a tool confirmation files an approval in the same transaction
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
+from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.db import transaction
@@ -38,7 +41,7 @@ from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
 from checkpoints import codec, store
-from checkpoints.errors import IntegrityFailure, StaleParent
+from checkpoints.errors import IntegrityFailure, NotFound, StaleParent
 from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.adk import confirmations
 
@@ -47,6 +50,23 @@ APP_SCOPE = "adk:app-state"
 USER_SCOPE = "adk:user-state:"
 LABEL_CHARS = 200
 HEAD_FIELDS = ("id", "thread_id", "branch_id", "seq", "step", "metadata", "created_at")
+
+
+@dataclass(frozen=True)
+class Head:
+    """What an append needs of a session's thread: its newest checkpoint, as a service last saw it."""
+
+    thread: Thread
+    checkpoint_id: UUID
+    step: int
+    event_id: str | None
+    ts: float
+    waiting: bool
+
+    @classmethod
+    def of(cls, thread: Thread, head: Checkpoint) -> Head:
+        return cls(thread=thread, checkpoint_id=head.pk, step=head.step or 0, event_id=head.metadata.get("adk_event"),
+                   ts=updated_at(head), waiting=thread.status == ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
 
 
 def session_key(user_id: str, session_id: str) -> str:
@@ -67,6 +87,7 @@ class QuicksaveSessionService(BaseSessionService):
     def __init__(self, *, fence: Fence | None = None, lease_held: Callable[[], bool] | None = None) -> None:
         self.fence = fence
         self.lease_held = lease_held or (lambda: True)
+        self._heads: dict[tuple[str, str, str], Head] = {}
 
     # ------------------------------------------------------------------ the interface
 
@@ -144,6 +165,7 @@ class QuicksaveSessionService(BaseSessionService):
         head = found[key].head if key in found else None
         if head is None:
             return None
+        self._heads[(app_name, user_id, session_id)] = Head.of(found[key], head)
         limit = config.num_recent_events if config else None
         after = config.after_timestamp if config else None
         events = [] if limit == 0 else list(reversed(list(recent_events(head, limit=limit, after=after))))
@@ -175,27 +197,41 @@ class QuicksaveSessionService(BaseSessionService):
 
     def delete_session_sync(self, *, app_name: str, user_id: str, session_id: str) -> None:
         thread = find_thread(app_name, user_id, session_id)
+        self._heads.pop((app_name, user_id, session_id.strip() if session_id else session_id), None)
         if thread is not None:
             store.delete_thread(thread)
 
     def store_event(self, session: Session, event: Event) -> bool:
-        """Write `event` as the session's next checkpoint; False when it is the head already."""
-        thread = find_thread(session.app_name, session.user_id, session.id, with_head=True)
-        if thread is None or thread.head is None:
-            raise SessionNotFoundError(f"Session {session.id} not found.")
+        """Write `event` as the session's next checkpoint; False when it is the head already.
+
+        The head this service last wrote or read is tried first, so an append is one statement in
+        autocommit; the store refuses it if the head moved, and the head is then read again.
+        """
         if self.fence is not None and not self.lease_held():
-            raise self.fence.lost(thread_id=thread.pk)
-        head = thread.head
-        stored_event = head.metadata.get("adk_event")
-        if stored_event == event.id and session.events and session.events[-1] is event:
-            return False
-        if (session.events and stored_event != session.events[-1].id) or (
-            not session.events and updated_at(head) > session.last_update_time
-        ):
-            raise StaleSessionError(
-                f"Session {session.id} was changed since this copy was read (its last event is {stored_event}); "
-                "read it again with get_session."
-            )
+            raise self.fence.lost(thread_id=self._head(session, fresh=False).thread.pk)
+        for fresh in (False, True):
+            head = self._head(session, fresh=fresh)
+            if head.event_id == event.id and session.events and session.events[-1] is event:
+                return False
+            if (session.events and head.event_id != session.events[-1].id) or (
+                not session.events and head.ts > session.last_update_time
+            ):
+                if not fresh:
+                    continue
+                raise StaleSessionError(
+                    f"Session {session.id} was changed since this copy was read (its last event is "
+                    f"{head.event_id}); read it again with get_session."
+                )
+            try:
+                self._append(session, event, head)
+            except (StaleParent, NotFound):
+                if not fresh:
+                    continue
+                raise StaleSessionError(f"Session {session.id} was changed by another writer; read it again.") from None
+            return True
+        raise AssertionError("unreachable: the second pass raises or returns")
+
+    def _append(self, session: Session, event: Event, head: Head) -> None:
         delta = event.actions.state_delta if event.actions else {}
         app_delta, user_delta, session_delta = split(delta)
         body = event.model_dump(mode="json", exclude_none=True)
@@ -205,25 +241,40 @@ class QuicksaveSessionService(BaseSessionService):
         for key, value in session_delta.items():
             patch.append({"op": "add", "path": f"/state/{pointer(key)}", "value": value})
         asks = confirmations.requests_in(event)
-        waiting = thread.status == ThreadStatus.WAITING_FOR_APPROVAL
-        try:
-            with transaction.atomic():
-                checkpoint = store.append_checkpoint(
-                    thread=thread, parent=head.pk, patch=patch, step=(head.step or 0) + 1, label=label_of(event),
-                    # The events after a confirmation's, in its invocation, leave the thread waiting.
-                    status=CheckpointStatus.WAITING_FOR_APPROVAL if asks or waiting else CheckpointStatus.RUNNING,
-                    # In clear, for the reads that filter and order on them; the event itself is sealed.
-                    metadata={"adk_event": event.id, "ts": event.timestamp},
-                    fence=self.fence,
-                )  # fmt: skip
-                if app_delta or user_delta:
-                    agent = Agent.objects.get(pk=thread.agent_id)
-                    self._update_scope(agent, APP_SCOPE, app_delta)
-                    self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
-                confirmations.file(thread=thread, checkpoint=checkpoint, requests=asks, fence=self.fence)
-        except StaleParent:
-            raise StaleSessionError(f"Session {session.id} was changed by another writer; read it again.") from None
-        return True
+        # Alone, the append is one statement in autocommit; with shared state or an approval to
+        # file, they commit together.
+        with transaction.atomic() if asks or app_delta or user_delta else contextlib.nullcontext():
+            checkpoint = store.append_checkpoint(
+                thread=head.thread, parent=head.checkpoint_id, patch=patch, step=head.step + 1,
+                label=label_of(event),
+                # The events after a confirmation's, in its invocation, leave the thread waiting.
+                status=CheckpointStatus.WAITING_FOR_APPROVAL if asks or head.waiting else CheckpointStatus.RUNNING,
+                # In clear, for the reads that filter and order on them; the event itself is sealed.
+                metadata={"adk_event": event.id, "ts": event.timestamp},
+                fence=self.fence,
+            )  # fmt: skip
+            if app_delta or user_delta:
+                agent = Agent.objects.get(pk=head.thread.agent_id)
+                self._update_scope(agent, APP_SCOPE, app_delta)
+                self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
+            filed = confirmations.file(thread=head.thread, checkpoint=checkpoint, requests=asks, fence=self.fence)
+        self._heads[(session.app_name, session.user_id, session.id)] = Head(
+            thread=head.thread, checkpoint_id=checkpoint.pk, step=head.step + 1, event_id=event.id,
+            ts=event.timestamp, waiting=head.waiting or filed is not None,
+        )  # fmt: skip
+
+    def _head(self, session: Session, *, fresh: bool) -> Head:
+        """The session's head as this service last saw it, or (`fresh`) as stored."""
+        key = (session.app_name, session.user_id, session.id)
+        known = self._heads.get(key)
+        if known is not None and not fresh:
+            return known
+        thread = find_thread(session.app_name, session.user_id, session.id, with_head=True)
+        if thread is None or thread.head is None:
+            self._heads.pop(key, None)
+            raise SessionNotFoundError(f"Session {session.id} not found.")
+        self._heads[key] = head = Head.of(thread, thread.head)
+        return head
 
     # ------------------------------------------------------------------ app and user state
 

@@ -145,3 +145,22 @@ async def test_sessions_are_listed_by_last_update_and_deleted_with_their_thread(
         await service.create_session(app_name=app, user_id="ana", session_id="a")
     with pytest.raises(SessionNotFoundError):
         await service.append_event(newer, said("into a deleted session"))
+
+
+async def test_two_services_on_one_session_refuse_the_older_copy_and_take_a_fresh_one(app: str) -> None:
+    mine, theirs = QuicksaveSessionService(), QuicksaveSessionService()
+    session = await mine.create_session(app_name=app, user_id="ana")
+    their_copy = await theirs.get_session(app_name=app, user_id="ana", session_id=session.id)
+    await mine.append_event(session, said("from mine"))
+
+    assert their_copy is not None
+    with pytest.raises(StaleSessionError):
+        await theirs.append_event(their_copy, said("from an old copy"))
+    fresh = await theirs.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert fresh is not None
+    await theirs.append_event(fresh, said("from theirs"))
+    with pytest.raises(StaleSessionError):  # mine is the older copy now
+        await mine.append_event(session, said("mine again, behind theirs"))
+
+    got = await mine.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert got is not None and texts(got) == ["from mine", "from theirs"]

@@ -33,7 +33,8 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import store
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.adk import confirmations
-from integrations.adk.sessions import QuicksaveSessionService, event_of
+from integrations.adk.reads import event_of
+from integrations.adk.sessions import QuicksaveSessionService
 
 AgentFactory = Callable[[], BaseAgent]
 

@@ -4,9 +4,9 @@ A session is a thread of the Quicksave agent named by the ADK app (external id
 `["<user_id>", "<session_id>"]`, metadata `{"framework": "adk", "adk": {...}}`). Each appended
 event is a checkpoint whose state is `{"state": <session-scoped state>, "event": <the event>}`,
 written as a patch that replaces `/event` and adds the state delta: a delta of about one event,
-and an event that reads back from its own row. So `get_session(num_recent_events=n)` reads n
-rows newest first (one query, each row's MAC checked against its parent's) and the head's small
-state, whatever the session's length.
+and an event that reads back from its own row. So `get_session(num_recent_events=n)` is one
+statement reading n rows newest first (integrations.adk.reads) and the head's small state,
+whatever the session's length.
 
 `app:` and `user:` state is shared as ADK's own services share it: each scope is a thread of its
 own (external ids `adk:app-state`, `adk:user-state:<user_id>`) whose head state holds the
@@ -21,14 +21,14 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.db import transaction
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.models import QuerySet
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError
@@ -41,9 +41,10 @@ from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
 from checkpoints import codec, store
-from checkpoints.errors import IntegrityFailure, NotFound, StaleParent
-from checkpoints.models import Branch, Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
+from checkpoints.errors import NotFound, StaleParent
+from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from integrations.adk import confirmations
+from integrations.adk.reads import read_session
 
 FRAMEWORK = "adk"
 APP_SCOPE = "adk:app-state"
@@ -158,22 +159,22 @@ class QuicksaveSessionService(BaseSessionService):
             key = session_key(user_id, session_id)
         except ValueError:
             return None
-        # The session's thread and its scopes' in one query, each with its head's clear fields.
-        found = {thread.external_id: thread for thread in with_heads(
-            Thread.objects.filter(agent__name=app_name, external_id__in=[key, APP_SCOPE, USER_SCOPE + user_id],
-                                  head__isnull=False))}  # fmt: skip
-        head = found[key].head if key in found else None
-        if head is None:
-            return None
-        self._heads[(app_name, user_id, session_id)] = Head.of(found[key], head)
         limit = config.num_recent_events if config else None
-        after = config.after_timestamp if config else None
-        events = [] if limit == 0 else list(reversed(list(recent_events(head, limit=limit, after=after))))
-        app_state, user_state = (session_state(found[scope].head_id, key=None) if scope in found else {}
-                                 for scope in (APP_SCOPE, USER_SCOPE + user_id))  # fmt: skip
-        state = merged(app_state, user_state, session_state(head.pk))
-        return Session(id=session_id, app_name=app_name, user_id=user_id, events=events,
-                       last_update_time=updated_at(head), state=state)  # fmt: skip
+        found = read_session(app_name=app_name, key=key, app_scope=APP_SCOPE, user_scope=USER_SCOPE + user_id,
+                             limit=limit, after=config.after_timestamp if config else None)  # fmt: skip
+        if found is None:
+            return None
+        thread = Thread(id=found.thread_id, agent_id=found.agent_id, status=found.status)
+        self._heads[(app_name, user_id, session_id)] = Head(
+            thread=thread, checkpoint_id=found.head_id, step=found.head_step,
+            event_id=found.head_metadata.get("adk_event"), ts=found.updated_at,
+            waiting=found.status == ThreadStatus.WAITING_FOR_APPROVAL,
+        )  # fmt: skip
+        app_state, user_state = (session_state(head, key=None) if head else {}
+                                 for head in (found.app_head, found.user_head))  # fmt: skip
+        return Session(id=session_id, app_name=app_name, user_id=user_id, events=found.events,
+                       last_update_time=found.updated_at,
+                       state=merged(app_state, user_state, session_state(found.head_id)))  # fmt: skip
 
     def list_sessions_sync(self, *, app_name: str, user_id: str | None = None) -> ListSessionsResponse:
         threads = Thread.objects.filter(agent__name=app_name, metadata__framework=FRAMEWORK,
@@ -336,53 +337,6 @@ def session_state(checkpoint_id: Any, *, key: str | None = "state") -> dict[str,
 def updated_at(head: Checkpoint) -> float:
     ts = head.metadata.get("ts")
     return float(ts) if isinstance(ts, (int, float)) else head.created_at.timestamp()
-
-
-def recent_events(head: Checkpoint, *, limit: int | None, after: float | None) -> Iterator[Event]:
-    """The events on the path to `head`, newest first: its branch back to the fork point, then the
-    fork point's branch, and so on. Each row's MAC is checked against its parent's."""
-    branch_id, top = head.branch_id, head.seq
-    left = limit
-    parent_mac = Checkpoint.objects.filter(pk=OuterRef("parent_id")).order_by().values("integrity")
-    while left is None or left > 0:
-        rows = (
-            Checkpoint.objects.filter(thread_id=head.thread_id, branch_id=branch_id, seq__lte=top,
-                                      metadata__has_key="adk_event")
-            .annotate(parent_integrity=Subquery(parent_mac))
-            .order_by("-seq")
-        )  # fmt: skip
-        if after is not None:
-            rows = rows.filter(metadata__ts__gte=after)
-        for row in rows[:left] if left is not None else rows.iterator(chunk_size=500):
-            verify(row)
-            yield Event.model_validate(event_of(row))
-            if left is not None:
-                left -= 1
-        if left == 0:
-            return
-        fork = Branch.objects.filter(pk=branch_id).values_list("fork_point_id", flat=True).first()
-        if fork is None:
-            return
-        branch_id, top = Checkpoint.objects.filter(pk=fork).values_list("branch_id", "seq").get()
-
-
-def verify(row: Any) -> None:
-    parent = bytes(row.parent_integrity) if row.parent_integrity is not None else None
-    if not codec.integrity_matches(
-        bytes(row.integrity), parent_integrity=parent, checkpoint_id=row.id, thread_id=row.thread_id,
-        branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload),
-        fields=store.mac_fields(row), created_at=row.created_at,
-    ):  # fmt: skip
-        raise IntegrityFailure(f"Checkpoint {row.id} fails its integrity check: it was altered outside Quicksave.",
-                               detail={"checkpoint": str(row.id)})  # fmt: skip
-
-
-def event_of(row: Checkpoint) -> Any:
-    """The event a checkpoint appended, read from its own payload (no replay)."""
-    payload = store.decode_payload(row)
-    if row.kind == PayloadKind.SNAPSHOT:
-        return payload["event"]
-    return next(op["value"] for op in payload if op.get("path") == "/event")
 
 
 # --------------------------------------------------------------------------- state scopes

@@ -21,7 +21,8 @@ Measures
   (Quicksave: bench.quicksave_runs.TABLES, truncated before; ADK: its
   sessions, events, app_states, user_states and adk_internal_metadata tables, dropped before);
 * read: median `get_session(num_recent_events=10)` at the end (the latest-items read), beside a
-  full `get_session` for reference;
+  full `get_session` for reference, the two services' calls taking turns so that load from
+  elsewhere on the machine falls on both alike;
 * with `--long-events N` (default 10,000): the same latest-items read on a Quicksave session of
   N events appended through `append_event`.
 
@@ -69,8 +70,8 @@ class ServiceRun:
     turns: int
     seconds: float
     total_bytes: int
-    read_ms: float
-    full_read_ms: float
+    read_ms: float = 0.0
+    full_read_ms: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -170,8 +171,8 @@ async def median_read_ms(read: Callable[[], Awaitable[Any]], repeats: int = READ
     return statistics.median(times)
 
 
-async def reads(service: Any, session_id: str, turns: int) -> tuple[float, float]:
-    """(latest-items read, full read) in ms; both must see the whole conversation's end."""
+async def check(service: Any, session_id: str, turns: int) -> None:
+    """Both reads see the whole conversation's end."""
     from google.adk.sessions.base_session_service import GetSessionConfig
 
     recent = GetSessionConfig(num_recent_events=RECENT)
@@ -179,29 +180,39 @@ async def reads(service: Any, session_id: str, turns: int) -> tuple[float, float
     full = await service.get_session(app_name=APP, user_id=USER, session_id=session_id)
     assert len(got.events) == RECENT and len(full.events) == 2 * turns, (len(got.events), len(full.events))
     assert got.events == full.events[-RECENT:]
-    read_ms = await median_read_ms(lambda: service.get_session(app_name=APP, user_id=USER, session_id=session_id,
-                                                               config=recent))  # fmt: skip
-    full_ms = await median_read_ms(lambda: service.get_session(app_name=APP, user_id=USER, session_id=session_id),
-                                   repeats=5)  # fmt: skip
-    return read_ms, full_ms
 
 
-def run_quicksave(turns: int, texts: Sequence[str], long_events: int) -> ServiceRun:
+async def interleaved_reads(sessions: Sequence[tuple[ServiceRun, Any, str]]) -> None:
+    """Time each service's latest-items and full reads, taking turns call by call, so that load
+    from elsewhere on the machine falls on both alike; sets their read_ms and full_read_ms."""
+    from google.adk.sessions.base_session_service import GetSessionConfig
+
+    recent = GetSessionConfig(num_recent_events=RECENT)
+    for config, repeats, field_name in ((recent, READ_REPEATS, "read_ms"), (None, 5, "full_read_ms")):
+        times: dict[str, list[float]] = {run.name: [] for run, _, _ in sessions}
+        for _ in range(repeats):
+            for run, service, session_id in sessions:
+                t0 = time.perf_counter()
+                await service.get_session(app_name=APP, user_id=USER, session_id=session_id, config=config)
+                times[run.name].append((time.perf_counter() - t0) * 1000)
+        for run, _, _ in sessions:
+            setattr(run, field_name, statistics.median(times[run.name]))
+
+
+def run_quicksave(turns: int, texts: Sequence[str]) -> tuple[ServiceRun, str]:
     from integrations.adk.sessions import QuicksaveSessionService
 
     reset_quicksave()
     settle()
     service = QuicksaveSessionService()
 
-    async def go() -> tuple[float, float, float]:
+    async def go() -> tuple[str, float]:
         session_id, seconds = await play(service, turns, texts)
-        return (seconds, *await reads(service, session_id, turns))
+        await check(service, session_id, turns)
+        return session_id, seconds
 
-    seconds, read_ms, full_ms = asyncio.run(go())
-    run = ServiceRun("QuicksaveSessionService", turns, seconds, table_bytes(TABLES), read_ms, full_ms)
-    if long_events:
-        run.extra["long_read_ms"] = asyncio.run(long_session_read(service, long_events, texts))
-    return run
+    session_id, seconds = asyncio.run(go())
+    return ServiceRun("QuicksaveSessionService", turns, seconds, table_bytes(TABLES)), session_id
 
 
 async def long_session_read(service: Any, events: int, texts: Sequence[str]) -> float:
@@ -226,7 +237,7 @@ def adk_database_url() -> str:
     return urlunsplit(("postgresql+asyncpg", parts.netloc, f"/{DB_NAME}", "", ""))
 
 
-def run_adk_database(turns: int, texts: Sequence[str]) -> ServiceRun:
+def run_adk_database(turns: int, texts: Sequence[str]) -> tuple[ServiceRun, str]:
     from google.adk.sessions.database_session_service import DatabaseSessionService
 
     with psycopg.connect(conninfo(), autocommit=True) as conn:
@@ -234,16 +245,27 @@ def run_adk_database(turns: int, texts: Sequence[str]) -> ServiceRun:
             conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
     settle()
 
-    async def go() -> ServiceRun:
-        service = DatabaseSessionService(adk_database_url())
-        try:
+    async def go() -> tuple[str, float]:
+        async with DatabaseSessionService(adk_database_url()) as service:
             session_id, seconds = await play(service, turns, texts)
-            read_ms, full_ms = await reads(service, session_id, turns)
-        finally:
-            await service.close()
-        return ServiceRun("DatabaseSessionService", turns, seconds, table_bytes(ADK_TABLES), read_ms, full_ms)
+            await check(service, session_id, turns)
+        return session_id, seconds
 
-    return asyncio.run(go())
+    session_id, seconds = asyncio.run(go())
+    return ServiceRun("DatabaseSessionService", turns, seconds, table_bytes(ADK_TABLES)), session_id
+
+
+def run_reads(quicksave: tuple[ServiceRun, str], peer: tuple[ServiceRun, str]) -> None:
+    from google.adk.sessions.database_session_service import DatabaseSessionService
+
+    from integrations.adk.sessions import QuicksaveSessionService
+
+    async def go() -> None:
+        async with DatabaseSessionService(adk_database_url()) as database:
+            await interleaved_reads([(quicksave[0], QuicksaveSessionService(), quicksave[1]),
+                                     (peer[0], database, peer[1])])  # fmt: skip
+
+    asyncio.run(go())
 
 
 def table(runs: Sequence[ServiceRun]) -> str:
@@ -265,8 +287,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     setup_django()
     print(f"[server] {urlsplit(server_url()).netloc}; {args.turns} turns per service", flush=True)
     texts = replies(args.turns)
-    peer = run_adk_database(args.turns, texts)
-    quicksave = run_quicksave(args.turns, texts, args.long_events)
+    peer, peer_session = run_adk_database(args.turns, texts)
+    quicksave, quicksave_session = run_quicksave(args.turns, texts)
+    run_reads((quicksave, quicksave_session), (peer, peer_session))
+    if args.long_events:
+        from integrations.adk.sessions import QuicksaveSessionService
+
+        quicksave.extra["long_read_ms"] = asyncio.run(
+            long_session_read(QuicksaveSessionService(), args.long_events, texts)
+        )
     print(table([quicksave, peer]))
     targets = {
         "write rate >= DatabaseSessionService": quicksave.tps >= peer.tps,

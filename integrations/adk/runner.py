@@ -12,13 +12,15 @@ and run it with a QuicksaveSessionService under the same app name:
 
 The worker answers the confirmation with the decision (integrations.adk.confirmations) through
 ADK's own Runner on a QuicksaveSessionService carrying the run's fence, so the tool runs (or is
-refused) and the agent goes on. Only decisions resume an ADK session: a run for any other reason
-(a dashboard fork, a manual resume) fails, as ADK has no way to go on from an arbitrary event.
+refused) and the agent goes on. A run for any other reason (a dashboard fork, a manual resume)
+has nothing to run: an ADK invocation starts from a user message, and the session goes on from
+the fork (integrations.adk.forks) with its application's next one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 
 from google.adk.agents.base_agent import BaseAgent
@@ -37,6 +39,7 @@ from integrations.adk.reads import event_of
 from integrations.adk.sessions import QuicksaveSessionService
 
 AgentFactory = Callable[[], BaseAgent]
+log = logging.getLogger(__name__)
 
 
 class AdkAgent(runtime.LoopAgent):
@@ -47,8 +50,14 @@ class AdkAgent(runtime.LoopAgent):
 
     def drive(self, run: Run, thread: Thread, *, lease_held: Callable[[], bool]) -> str:
         info = thread.metadata.get("adk") or {}
-        if run.reason != RunReason.APPROVAL or run.approval_id is None or "session_id" not in info:
-            raise RuntimeError(f"Run {run.pk} ({run.reason}): an ADK session resumes on a decision only.")
+        if "session_id" not in info:
+            raise RuntimeError(f"Thread {thread.pk} is not an ADK session (an app or user state scope?).")
+        if run.reason != RunReason.APPROVAL or run.approval_id is None:
+            # A fork or a manual resume: an ADK invocation starts from a user message, so the
+            # session goes on from here when its application sends the next one.
+            log.info("run %s (%s): ADK session %s goes on with its next message", run.pk, run.reason, thread.pk)
+            store.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
+            return "done"
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
         message = bound_response(approval, thread)
         service = QuicksaveSessionService(fence=Fence(run.pk, run.attempts), lease_held=lease_held)

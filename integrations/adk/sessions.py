@@ -44,9 +44,9 @@ from checkpoints import codec, store
 from checkpoints.errors import NotFound, StaleParent
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from integrations.adk import confirmations
+from integrations.adk.forks import FRAMEWORK, last_event
 from integrations.adk.reads import read_session
 
-FRAMEWORK = "adk"
 APP_SCOPE = "adk:app-state"
 USER_SCOPE = "adk:user-state:"
 LABEL_CHARS = 200
@@ -66,7 +66,7 @@ class Head:
 
     @classmethod
     def of(cls, thread: Thread, head: Checkpoint) -> Head:
-        return cls(thread=thread, checkpoint_id=head.pk, step=head.step or 0, event_id=head.metadata.get("adk_event"),
+        return cls(thread=thread, checkpoint_id=head.pk, step=head.step or 0, event_id=last_event(head.metadata),
                    ts=updated_at(head), waiting=thread.status == ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
 
 
@@ -167,7 +167,7 @@ class QuicksaveSessionService(BaseSessionService):
         thread = Thread(id=found.thread_id, agent_id=found.agent_id, status=found.status)
         self._heads[(app_name, user_id, session_id)] = Head(
             thread=thread, checkpoint_id=found.head_id, step=found.head_step,
-            event_id=found.head_metadata.get("adk_event"), ts=found.updated_at,
+            event_id=last_event(found.head_metadata), ts=found.updated_at,
             waiting=found.status == ThreadStatus.WAITING_FOR_APPROVAL,
         )  # fmt: skip
         app_state, user_state = (session_state(head, key=None) if head else {}

@@ -142,3 +142,22 @@ def test_a_decision_whose_confirmation_was_answered_already_fails_closed(rita: U
 
     assert runs[-1].status == RunStatus.FAILED and "answered already" in runs[-1].error
     assert final_text(thread) == "concierge: Booked Albergo del Senato in Rome for 3 nights."
+
+
+def test_a_resumed_fork_has_nothing_to_run_and_the_session_goes_on_from_it(rita: User) -> None:
+    from checkpoints import forks
+
+    thread = start(demo.APP, demo.concierge, "A hotel in Rome")
+    asked = Checkpoint.objects.get(pk=ApprovalRequest.objects.get(thread=thread).checkpoint_id)
+    before_asking = Checkpoint.objects.get(thread=thread, branch_id=asked.branch_id, seq=asked.seq - 1)
+
+    forks.fork(checkpoint=before_asking, user=person("ada", "admin"), reason="ask again later", resume=True)
+    runs = drive(demo.APP)
+
+    assert [run.status for run in runs] == [RunStatus.COMPLETED]
+    assert ApprovalRequest.objects.get(thread=thread).status == ApprovalStatus.CANCELLED  # left on the old branch
+    info = thread.metadata["adk"]
+    session = QuicksaveSessionService().get_session_sync(app_name=demo.APP, user_id=info["user_id"],
+                                                         session_id=info["session_id"])  # fmt: skip
+    assert session is not None
+    assert [call.name for call in session.events[-1].get_function_calls()] == ["book_hotel"]  # before it asked

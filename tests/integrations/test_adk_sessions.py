@@ -164,3 +164,31 @@ async def test_two_services_on_one_session_refuse_the_older_copy_and_take_a_fres
 
     got = await mine.get_session(app_name=app, user_id="ana", session_id=session.id)
     assert got is not None and texts(got) == ["from mine", "from theirs"]
+
+
+async def test_a_dashboard_fork_is_where_the_session_goes_on_with_the_edited_state(app: str) -> None:
+    service = QuicksaveSessionService()
+    session = await service.create_session(app_name=app, user_id="ana", state={"mood": "calm"})
+    for n in range(3):
+        await service.append_event(session, said(f"turn {n}"))
+
+    def fork_after_the_first_turn() -> None:
+        from checkpoints import forks
+        from tests.conftest import person
+
+        found = find_thread(app, "ana", session.id)
+        assert found is not None
+        first = Checkpoint.objects.get(thread_id=found.pk, seq=2)
+        forks.fork(checkpoint=first, user=person("ada", "admin"), reason="try it bolder",
+                   patch=[{"op": "replace", "path": "/state/mood", "value": "bold"}], resume=True)  # fmt: skip
+
+    await database_sync_to_async(fork_after_the_first_turn)()
+    forked = await service.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert forked is not None and texts(forked) == ["turn 0"] and forked.state == {"mood": "bold"}
+
+    await service.append_event(forked, said("turn 1, bolder"))
+    recent = await QuicksaveSessionService().get_session(app_name=app, user_id="ana", session_id=session.id,
+                                                         config=GetSessionConfig(num_recent_events=5))  # fmt: skip
+    assert recent is not None and texts(recent) == ["turn 0", "turn 1, bolder"]
+    with pytest.raises(StaleSessionError):  # the copy from before the fork is on the branch left behind
+        await service.append_event(session, said("turn 3, on the old branch"))

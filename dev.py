@@ -2,9 +2,13 @@
 """Quicksave's developer entry point: one command to run the app, one to test it.
 
     python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
-    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest
+    python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest + coverage
     python3 dev.py lint                              ruff, ruff format --check, mypy
     python3 dev.py fmt                               ruff format, ruff check --fix
+    python3 dev.py lock                              re-make the lock files after a requirements*.txt change
+
+Both install from lock files (every package pinned with its hashes, made by uv from the
+requirements*.txt next to them), then the local SDK on its own (it has no hash).
 
 Standard library only: it runs before .venv exists. With DATABASE_URL unset,
 settings.py starts an embedded PostgreSQL under var/ on first use.
@@ -16,6 +20,7 @@ import argparse
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -31,6 +36,13 @@ RUFF = VENV_BIN / "ruff"
 REQUIREMENTS = ROOT / "requirements.txt"
 REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
 SDK = ROOT / "sdk"
+# Each lock file and what it is made from (the SDK's own dependencies go in the test set's).
+LOCKS: dict[Path, tuple[Path, ...]] = {
+    ROOT / "requirements.lock": (REQUIREMENTS,),
+    ROOT / "requirements-dev.lock": (REQUIREMENTS_DEV, SDK / "pyproject.toml"),
+}
+RUNTIME_LOCK, DEV_LOCK = LOCKS
+PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==(\S+)")
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 
 
@@ -85,28 +97,54 @@ def mark_current(source: Path, files: Sequence[Path]) -> None:
     stamp_path(source).write_text(fingerprint(files) + "\n")
 
 
-def ensure_venv(requirements: Path) -> None:
-    """Create .venv if missing and install `requirements` unless they are unchanged since the last install."""
+def pins(path: Path) -> dict[str, str]:
+    """`name==version` pins of a requirements or lock file, names normalised (PEP 503)."""
+    found = {}
+    for line in path.read_text().splitlines():
+        match = PIN.match(line.strip())
+        if match:
+            found[re.sub(r"[-_.]+", "-", match.group(1)).lower()] = match.group(2)
+    return found
+
+
+def check_lock(lock: Path) -> None:
+    """Fail when a requirements file pins what its lock file does not: someone forgot `dev.py lock`."""
+    locked = pins(lock)
+    sources = [path for source in LOCKS[lock] if source.suffix == ".txt" for path in requirement_files(source)]
+    for requirements in sources:
+        stale = [f"{name}=={version}" for name, version in pins(requirements).items() if locked.get(name) != version]
+        if stale:
+            sys.exit(
+                f"dev.py: {requirements.name} pins {', '.join(stale)}, which {lock.name} does not: "
+                "run `python3 dev.py lock` and commit the lock files"
+            )
+
+
+def create_venv() -> None:
     if not PYTHON.exists():
         step(f"create virtualenv {VENV.relative_to(ROOT)}/")
         run(sys.executable, "-m", "venv", VENV)
-    files = requirement_files(requirements)
-    if is_current(requirements, files):
-        print(f"    {requirements.name} unchanged since the last install")
+
+
+def ensure_venv(lock: Path) -> None:
+    """Create .venv if missing and install `lock`, hashes checked, unless unchanged since the last install."""
+    check_lock(lock)
+    create_venv()
+    if is_current(lock, [lock]):
+        print(f"    {lock.name} unchanged since the last install")
         return
-    step(f"pip install -r {requirements.name}")
-    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-r", requirements)
-    # An included file (requirements.txt from requirements-dev.txt) is now installed too.
-    for included in files:
-        mark_current(included, requirement_files(included))
+    step(f"pip install --require-hashes -r {lock.name}")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "-r", lock)
+    mark_current(lock, [lock])
 
 
 def ensure_sdk() -> None:
+    """The local SDK, editable; its dependencies are in the test set's lock, so none are fetched here."""
     pyproject = SDK / "pyproject.toml"
     if not pyproject.exists() or is_current(pyproject, [pyproject]):
         return
-    step("pip install -e sdk")
-    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "-e", SDK)
+    step("pip install --no-deps -e sdk")
+    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-deps", "-e", SDK)
     mark_current(pyproject, [pyproject])
 
 
@@ -151,7 +189,7 @@ def static_sources() -> list[Path]:
 
 def static_fingerprint() -> str:
     # Installed apps (admin, API docs) ship static files too: a requirements change re-collects.
-    digest = hashlib.sha256(fingerprint(requirement_files(REQUIREMENTS)).encode())
+    digest = hashlib.sha256(fingerprint([RUNTIME_LOCK]).encode())
     for source in static_sources():
         for path in sorted(source.rglob("*")):
             if path.is_file():
@@ -179,15 +217,17 @@ def has_management_command(name: str) -> bool:
     return name in listing.stdout.split()
 
 
-def warn_if_no_chromium() -> None:
+def require_test_tools() -> None:
+    """Stop before a long run whose browser or Redis tests could only fail: they never skip."""
     chromium = os.environ.get("QUICKSAVE_CHROMIUM") or DEFAULT_CHROMIUM
+    missing = []
     if not os.access(chromium, os.X_OK):
-        print(
-            f"WARNING: no Chromium at {chromium}: browser tests will be SKIPPED. "
-            "Install Debian's chromium (apt-get install chromium) or set QUICKSAVE_CHROMIUM.",
-            file=sys.stderr,
-            flush=True,
-        )
+        missing.append(f"Chromium at {chromium}: apt-get install chromium, or set QUICKSAVE_CHROMIUM to a Chromium")
+    if shutil.which("redis-server") is None:
+        missing.append("redis-server on PATH: apt-get install redis-server")
+    if missing:
+        sys.exit("dev.py test needs " + "; and ".join(missing))
+    os.environ["QUICKSAVE_CHROMIUM"] = chromium
 
 
 # --- commands --------------------------------------------------------------------------------------
@@ -200,10 +240,13 @@ def lint() -> None:
     run(RUFF, "format", "--check", ".")
     step("mypy")
     run(PYTHON, "-m", "mypy", ".")
+    step("lint-imports")
+    # The package map of ARCHITECTURE.md: no import cycles, the core never imports an integration.
+    run(VENV_BIN / "lint-imports")
 
 
 def command_run(host: str, port: int) -> NoReturn:
-    ensure_venv(REQUIREMENTS)
+    ensure_venv(RUNTIME_LOCK)
     print(f"    database: {describe_database()}", flush=True)
     step("migrate")
     manage("migrate", "--noinput")
@@ -218,10 +261,10 @@ def command_run(host: str, port: int) -> NoReturn:
 
 
 def command_test(pytest_args: Sequence[str]) -> NoReturn:
-    ensure_venv(REQUIREMENTS_DEV)
+    ensure_venv(DEV_LOCK)
     ensure_sdk()
     print(f"    database: {describe_database()}", flush=True)
-    warn_if_no_chromium()
+    require_test_tools()
     lint()
     step("pytest " + " ".join(pytest_args))
     # pytest's own exit status goes straight to the caller; 5 ("no tests collected") is non-zero, so a failure.
@@ -229,16 +272,31 @@ def command_test(pytest_args: Sequence[str]) -> NoReturn:
 
 
 def command_lint() -> None:
-    ensure_venv(REQUIREMENTS_DEV)
+    ensure_venv(DEV_LOCK)
     lint()
 
 
 def command_fmt() -> None:
-    ensure_venv(REQUIREMENTS_DEV)
+    ensure_venv(DEV_LOCK)
     step("ruff format")
     run(RUFF, "format", ".")
     step("ruff check --fix")
     run(RUFF, "check", "--fix", ".")
+
+
+def command_lock() -> None:
+    """Resolve each lock file again from its requirements, keeping every pin they do not change."""
+    create_venv()
+    uv = VENV_BIN / "uv"
+    if not uv.exists():  # uv is in the test set; the lock being re-made may not be installable yet
+        version = pins(REQUIREMENTS_DEV)["uv"]
+        run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", f"uv=={version}")
+    for lock, sources in LOCKS.items():
+        step(f"uv pip compile {' '.join(source.relative_to(ROOT).as_posix() for source in sources)} -> {lock.name}")
+        inputs = [source.relative_to(ROOT).as_posix() for source in sources]
+        # --universal: one lock for every platform and Python >= 3.11, not just this machine's.
+        run(uv, "pip", "compile", "--quiet", "--generate-hashes", "--universal", "--python-version", "3.11",
+            *inputs, "--output-file", lock.name)  # fmt: skip
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -253,8 +311,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
     commands.add_parser("test", help="lint, type-check and run the whole test suite (pytest args after --)")
-    commands.add_parser("lint", help="ruff, ruff format --check, mypy")
+    commands.add_parser("lint", help="ruff, ruff format --check, mypy, lint-imports")
     commands.add_parser("fmt", help="ruff format, ruff check --fix")
+    commands.add_parser("lock", help="re-make requirements*.lock from requirements*.txt (uv, with hashes)")
     args = parser.parse_args(argv)
     if extra and args.command != "test":
         parser.error("only `test` takes arguments after --")
@@ -275,6 +334,8 @@ def main(argv: list[str]) -> int:
             command_test(pytest_args)
         elif args.command == "lint":
             command_lint()
+        elif args.command == "lock":
+            command_lock()
         else:
             command_fmt()
     except subprocess.CalledProcessError as failed:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+from collections.abc import Callable
 from typing import Any
 
 from agents.runtime import Agent, Context, Continue, Done, Fail, StepResult, register
@@ -25,14 +26,20 @@ FILES = [
     f"src/{name}.py" for name in ("api", "auth", "billing", "cache", "cli", "db", "jobs", "models", "search", "views")
 ]
 TABLES = [f"table_{n:02d}" for n in range(1, 21)]
-# The framework integrations' demos, as dotted paths of functions their apps register, so that no
-# framework is imported before seed_demo runs them (and none at all when it is not installed).
-DEMOS: list[str] = []
+
+# Demos that agent modules add (an integration's demo agent): `seed_demo` calls each to start its thread.
+_seeders: list[Callable[[], Any]] = []
 
 
-def register_demo(path: str) -> None:
-    if path not in DEMOS:
-        DEMOS.append(path)
+def register_seeder(seed: Callable[[], Any]) -> Callable[[], Any]:
+    """Decorator: make `manage.py seed_demo` call `seed()`, which starts a demo thread and returns it."""
+    if seed not in _seeders:
+        _seeders.append(seed)
+    return seed
+
+
+def seeders() -> list[Callable[[], Any]]:
+    return list(_seeders)
 
 
 def side_effect(tool: str, detail: str) -> None:

@@ -112,6 +112,7 @@ class Worker:
     def _wait(self, notifications: RunNotifications) -> None:
         """Wait for a run to be queued, or the poll interval. A LISTEN connection that broke (a
         restart or failover of PostgreSQL, an idle-connection reaper) is opened again next time."""
+        log.debug("worker %s: idle, waiting up to %g s for a run", self.name, self.poll_seconds)
         try:
             notifications.wait(self.poll_seconds)
         except psycopg.Error as exc:

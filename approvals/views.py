@@ -18,11 +18,12 @@ from django.utils import timezone
 from approvals import services
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from audit.trail import client_address
-from checkpoints import diffview, store
+from checkpoints import store
 from checkpoints.access import visible_threads
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
+from checkpoints.presentation import diffview
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
 from quicksave.forms import PageLinkField, invalid_filters, page_queries
@@ -191,7 +192,7 @@ def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:
     except IntegrityFailure as exc:
         return {"integrity_error": exc.message}
     return {
-        "state_tree": diffview.render_tree(target),
+        "state_tree": diffview.state_tree(target),
         "state_json": json.dumps(target, indent=2, ensure_ascii=False)[:200_000],
         "diff": diffview.build_diff(base, target, make_patch(base, target)),
         "diff_base": base_id,

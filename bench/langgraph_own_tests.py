@@ -45,6 +45,7 @@ Example (the run reported in README, LangGraph section):
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shlex
@@ -173,6 +174,9 @@ def main() -> int:
     parser.add_argument(
         "--postgres-url", help="server URL for PostgresSaver's per-test databases (default: DATABASE_URL's server)"
     )
+    parser.add_argument(
+        "--json", action="store_true", help="end with one JSON line of the counts (for bench/compare.py)"
+    )
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -212,7 +216,9 @@ def main() -> int:
     print("running:", shlex.join(command), flush=True)
     returncode = subprocess.call(command, cwd=workdir, env=env)
     if junit.is_file():
-        report(junit, savers)
+        counts = report(junit, savers)
+        if args.json:
+            print(json.dumps(counts))
     return returncode
 
 
@@ -285,7 +291,9 @@ def without_saver(name: str) -> str:
     return f"{test}[{'-'.join(rest)}]" if rest else test
 
 
-def report(junit: Path, savers: list[str]) -> None:
+def report(junit: Path, savers: list[str]) -> dict[str, int]:
+    """Print the counts per saver and the tests failed by QuicksaveSaver alone; return them flat
+    (`<saver>_passed`, ..., `quicksave_only_failed`)."""
     counts: dict[str, Counter[str]] = defaultdict(Counter)
     outcome: dict[tuple[str, str], dict[str, tuple[str, str]]] = defaultdict(dict)
     for case in ET.parse(junit).getroot().iter("testcase"):  # noqa: S314 - pytest's own file
@@ -309,6 +317,8 @@ def report(junit: Path, savers: list[str]) -> None:
     print(f"\nfailed with QuicksaveSaver only ({len(only)}):")
     for (module, name), message in only:
         print(textwrap.shorten(f"  {module}::{name}  {message}", 220))
+    flat = {f"{saver}_{state}": counts[saver][state] for saver in savers for state in ("passed", "failed", "skipped")}
+    return {**flat, "quicksave_only_failed": len(only)}
 
 
 if __name__ == "__main__":

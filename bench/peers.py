@@ -50,7 +50,8 @@ Database
 --------
 The server comes from ``BENCH_DATABASE_URL``, else ``DATABASE_URL``, else
 ``postgresql://postgres@127.0.0.1:5432/postgres``.  The benchmark always works
-inside a dedicated database ``quicksave_bench`` on that server, creating it
+inside a dedicated database, ``quicksave_bench`` unless ``BENCH_DATABASE_NAME``
+names another (``bench/compare.py`` gives each tree its own), creating it
 through an autocommit connection to the maintenance database if needed, so
 nothing else is touched.
 """
@@ -78,7 +79,7 @@ from psycopg.types.json import Jsonb
 if TYPE_CHECKING:
     from langchain_core.runnables import RunnableConfig
 
-BENCH_DB_NAME = "quicksave_bench"
+BENCH_DB_NAME = os.environ.get("BENCH_DATABASE_NAME") or "quicksave_bench"
 DEFAULT_SERVER_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 MESSAGE_CHARS = 1_000
 READ_REPEATS = 20
@@ -326,7 +327,7 @@ def bench_conninfo_dict() -> dict[str, Any]:
 
 
 def ensure_bench_database() -> str:
-    """Create ``quicksave_bench`` if missing and return its connection string."""
+    """Create the bench database (``BENCH_DB_NAME``) if missing and return its connection string."""
     params = conninfo_to_dict(server_url())
     maintenance = params.get("dbname") or "postgres"
     if maintenance == BENCH_DB_NAME:

@@ -23,7 +23,16 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from bench.peers import Result, ensure_bench_database, median_ms, server_url, settle, window_cps, workload
+from bench.peers import (
+    BENCH_DB_NAME,
+    Result,
+    ensure_bench_database,
+    median_ms,
+    server_url,
+    settle,
+    window_cps,
+    workload,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
@@ -36,7 +45,7 @@ READS = 21
 def bench_database_url() -> str:
     ensure_bench_database()
     parts = urlsplit(server_url())
-    return urlunsplit((parts.scheme, parts.netloc, "/quicksave_bench", parts.query, ""))
+    return urlunsplit((parts.scheme, parts.netloc, f"/{BENCH_DB_NAME}", parts.query, ""))
 
 
 def bench_redis_url() -> str:

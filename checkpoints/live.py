@@ -34,8 +34,7 @@ from uuid import UUID
 import redis
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
-from channels.layers import InMemoryChannelLayer, get_channel_layer
-from channels_redis.core import RedisChannelLayer
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
@@ -475,7 +474,7 @@ class _Publisher:
 
     @staticmethod
     def _send(layer: Any, group: str, message: dict[str, Any], own_loop: asyncio.AbstractEventLoop) -> None:
-        if layer is None or not _may_have_listeners(layer, group):
+        if layer is None:
             return
         send = layer.group_send(group, message)
         try:
@@ -490,31 +489,6 @@ class _Publisher:
             log.warning("could not publish to %s", group, exc_info=True)
         else:
             _layer_outage.ended()
-
-
-def _may_have_listeners(layer: Any, group: str) -> bool:
-    """False only when a group certainly has no member, so its send can be skipped.
-
-    channels-redis keeps a group's members in a sorted set; its size is one synchronous
-    round trip, where `group_send` to an empty group is two asynchronous ones, and most
-    groups a busy writer sends to have nobody watching. A socket joining just after the
-    check misses nothing: it joins its group before it replays the Event table. The in-memory
-    layer's groups are in this process, so they are looked at directly. Any doubt (another
-    layer, another host layout, an error) says yes.
-    """
-    if isinstance(layer, InMemoryChannelLayer):
-        return bool(layer.groups.get(group))
-    if not isinstance(layer, RedisChannelLayer) or len(layer.hosts) != 1 or "address" not in layer.hosts[0]:
-        return True
-    try:
-        return bool(_redis_client(layer.hosts[0]["address"]).zcard(layer._group_key(group)))
-    except redis.RedisError:
-        return True
-
-
-@functools.cache
-def _redis_client(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
 
 
 _publisher = _Publisher()

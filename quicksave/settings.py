@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import secrets
 import sys
-from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "approvals",
     "audit",
     "integrations.langgraph.apps.LangGraphConfig",
+    "integrations.pydantic_ai.apps.PydanticAIConfig",
     "integrations.adk.apps.AdkConfig",
 ]
 
@@ -258,14 +259,17 @@ parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here
 
 def _installed(module: str) -> bool:
     try:
-        return find_spec(module) is not None
-    except ModuleNotFoundError:  # its parent package is missing
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing (google, for google.adk)
         return False
 
 
-# The framework demos join when their framework is installed (requirements-<framework>.txt).
+# The framework demo agents join the default when their optional requirements are installed.
 QUICKSAVE_AGENT_MODULES = envlist(
-    "QUICKSAVE_AGENT_MODULES", ["agents.demo"] + (["integrations.adk.demo"] if _installed("google.adk") else [])
+    "QUICKSAVE_AGENT_MODULES",
+    ["agents.demo"]
+    + (["integrations.pydantic_ai.demo"] if _installed("pydantic_ai") else [])
+    + (["integrations.adk.demo"] if _installed("google.adk") else []),
 )
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)

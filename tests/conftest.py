@@ -15,7 +15,7 @@ from agents.models import Agent
 from checkpoints import lent_connection, store
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
-from tests.processes import REDIS_SERVER, RedisServer
+from tests.processes import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -147,8 +147,6 @@ def redis_server(settings: Any) -> Iterator[RedisServer]:
     """A private redis-server as the hot cache, which a test may kill and start again."""
     from checkpoints import hotcache, store
 
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed on this machine")
     server = RedisServer()
     server.start()
     settings.REDIS_URL = server.url

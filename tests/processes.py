@@ -9,14 +9,16 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, cast
 from urllib.parse import quote, urlencode, urlunsplit
 
 import httpx
+import pytest
 import redis
 from django.conf import settings
+
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,6 +46,12 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def server_environment() -> dict[str, str]:
+    """This process's environment, less the switch that turns Django's async-safety check off (the
+    browser tests set it for themselves): the server under test always runs with the check on."""
+    return {name: value for name, value in os.environ.items() if name != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+
+
 def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     """A uvicorn process serving quicksave.asgi on 127.0.0.1:port; returns once /healthz answers."""
     # Its log goes to a file, not a pipe: nobody drains a pipe during the run, and a server
@@ -53,22 +61,26 @@ def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
             [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port),
              "--log-level", "warning"],
             cwd=ROOT,
-            env={**os.environ, "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
+            env={**server_environment(), "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
             stdout=subprocess.DEVNULL,
             stderr=log,
         )  # fmt: skip
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+
+        def healthy() -> bool:
             if process.poll() is not None:
                 log.seek(0)
                 raise RuntimeError(f"server on :{port} exited: {log.read().decode(errors='replace')}")
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503):
-                    return process
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code in (200, 503)
             except httpx.TransportError:
-                time.sleep(0.2)
-        process.kill()
-    raise RuntimeError(f"server on :{port} did not start")
+                return False
+
+        try:
+            wait_until(healthy, what=f"the server on :{port} to answer /healthz", timeout=60, every=0.2)
+        except BaseException:
+            process.kill()
+            raise
+        return process
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:
@@ -81,7 +93,12 @@ def stop(process: subprocess.Popen[bytes]) -> None:
             process.wait()
 
 
-REDIS_SERVER = shutil.which("redis-server")
+def redis_server_binary() -> str:
+    """The redis-server executable. Without it the test fails: a skip would let CI pass untested."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.fail("redis-server is not on PATH: install it (apt-get install redis-server)", pytrace=False)
+    return binary
 
 
 class RedisServer:
@@ -93,22 +110,21 @@ class RedisServer:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        assert REDIS_SERVER is not None
+        binary = redis_server_binary()
         self.process = subprocess.Popen(
-            [REDIS_SERVER, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         client = self.client()
-        deadline = time.monotonic() + 10
-        while True:
+
+        def answers() -> bool:
             try:
-                client.ping()
-                return
+                return bool(client.ping())
             except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
+                return False
+
+        wait_until(answers, what=f"redis-server to answer on :{self.port}", timeout=10)
 
     def kill(self) -> None:
         assert self.process is not None
@@ -132,10 +148,12 @@ class Workers:
     empties the tables these processes hold locks on.
     """
 
-    def __init__(self, directory: Path, *, agent: str, lease_seconds: int, env: dict[str, str] | None = None) -> None:
+    def __init__(self, directory: Path, *, agent: str, lease_seconds: int, env: dict[str, str] | None = None,
+                 poll_seconds: float = 0.2) -> None:  # fmt: skip
         self.directory = directory
         self.agent = agent
         self.lease_seconds = lease_seconds
+        self.poll_seconds = poll_seconds
         self.env = env or {}
         self.processes: list[subprocess.Popen[bytes]] = []
 
@@ -144,7 +162,7 @@ class Workers:
         with log:
             process = subprocess.Popen(
                 [sys.executable, "manage.py", "run_agents", "--agent", self.agent,
-                 "--lease", str(self.lease_seconds), "--poll", "0.2"],
+                 "--lease", str(self.lease_seconds), "--poll", str(self.poll_seconds)],
                 cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url(), **self.env, **(env or {})},
                 stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip

@@ -93,8 +93,8 @@ def test_request_threads_give_their_database_connection_back_after_each_request(
 
 
 def test_a_body_declared_past_the_limit_is_refused_before_a_byte_of_it_is_read(server_url: str) -> None:
-    """asgiref reads a whole body (to a temporary file) before the app runs: a declared 10 GB upload
-    is answered at once instead of after 10 GB, which the sender here never sends."""
+    """The body is read before the app runs: a declared 10 GB upload is answered at once instead of
+    after 10 GB, which the sender here never sends."""
     host, port = server_url.removeprefix("http://").split(":")
     head = (
         b"POST /api/v1/threads/ HTTP/1.1\r\nHost: " + host.encode() + b"\r\nContent-Type: application/json\r\n"

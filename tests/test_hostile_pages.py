@@ -112,3 +112,54 @@ def test_a_large_value_that_is_not_named_by_a_sha256_is_not_found(
     world: dict[str, str], admin: Client, name: str
 ) -> None:
     assert admin.get(f"/threads/{world['thread']}/blobs/{name}/").status_code == 404
+
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+ESCAPED = "&lt;img src=x onerror=alert(1)&gt;"
+
+
+@pytest.fixture
+def hostile_thread(agent: Any) -> dict[str, str]:
+    """A thread whose every agent-written text is markup: its name, a label, a state key and a long
+    value (word-diffed), a branch name and a metadata value."""
+    thread, _ = store.create_thread(agent=agent, external_id=HOSTILE, metadata={HOSTILE: HOSTILE})
+    prose = "The agent wrote a long note that is diffed word by word because it is longer than eighty characters. "
+    first = store.append_checkpoint(thread=thread, parent=None, label=HOSTILE,
+                                    state={HOSTILE: HOSTILE, "note": prose, "log": []})  # fmt: skip
+    second = store.append_checkpoint(
+        thread=thread, parent=first, label=HOSTILE,
+        patch=[{"op": "replace", "path": "/note", "value": prose + HOSTILE},
+               {"op": "add", "path": "/log/-", "value": HOSTILE}, {"op": "add", "path": "/" + HOSTILE, "value": 1}],
+    )  # fmt: skip
+    store.start_branch(thread=thread, at=first, name=HOSTILE)
+    return {"thread": str(thread.pk), "first": str(first.pk), "second": str(second.pk)}
+
+
+@pytest.mark.parametrize(
+    "page",
+    ["/threads/{thread}/", f"/threads/{{thread}}/?branch={quote(HOSTILE)}", "/checkpoints/{second}/",
+     "/checkpoints/{second}/diff/", "/checkpoints/{second}/diff/?view=split", "/checkpoints/{second}/fork/"],
+    ids=["timeline, tree and chart", "the hostile branch selected", "state tree", "unified diff", "split diff",
+         "fork form"],
+)  # fmt: skip
+def test_agent_written_markup_renders_as_text(hostile_thread: dict[str, str], admin: Client, page: str) -> None:
+    response = admin.get(page.format(**hostile_thread))
+
+    html = response.content.decode()
+    assert response.status_code == 200
+    assert HOSTILE not in html
+    assert ESCAPED in html
+
+
+def test_a_hostile_fork_form_is_echoed_escaped_with_the_field_and_limit_named(
+    hostile_thread: dict[str, str], admin: Client
+) -> None:
+    response = admin.post(
+        f"/checkpoints/{hostile_thread['second']}/fork/", {"reason": HOSTILE + "x" * 2_000, "branch": HOSTILE}
+    )
+
+    html = response.content.decode()
+    assert response.status_code == 400
+    assert HOSTILE not in html
+    assert f"Keep the reason to 2000 characters (it has {len(HOSTILE) + 2_000})." in html
+    assert "A branch name is 1 to 100 letters" in html

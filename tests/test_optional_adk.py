@@ -46,5 +46,5 @@ def test_the_core_imports_and_checks_without_adk_installed() -> None:
         [sys.executable, "-c", WITHOUT_ADK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "modules: ['agents.demo']" in done.stdout
+    assert "modules: ['agents.demo'" in done.stdout and "integrations.adk.demo" not in done.stdout
     assert "loaded: []" in done.stdout

@@ -11,6 +11,8 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
+from checkpoints.models import Thread
+
 View = Callable[..., HttpResponse]
 
 
@@ -35,3 +37,8 @@ def permission_required(permission: str, refusal: str) -> Callable[[View], View]
 viewer_required = permission_required(
     "checkpoints.view_thread", "Your account has no role yet. Ask an admin to run `manage.py grantrole`."
 )
+
+
+def thread_label(thread: Thread) -> str:
+    """How breadcrumbs and titles name a thread: its external id, else the start of its id."""
+    return thread.external_id or str(thread.pk)[:8]

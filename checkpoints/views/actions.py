@@ -8,27 +8,27 @@ on the form, with the status the API would answer.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.contrib import messages
-from django.http import HttpRequest, HttpResponse, QueryDict
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
 from approvals.models import ApprovalRequest
 from audit.trail import client_address
-from checkpoints import diffview, forks, store
+from checkpoints import forks, store
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.views import checkpoint as checkpoint_page
-from checkpoints.views import viewer_required
+from checkpoints.presentation import diffview
+from checkpoints.views import thread_label, viewer_required
+from checkpoints.views.forms import ForkForm
 from quicksave.errors import DomainError
-from quicksave.jsontext import loads_strict
 
 # A state whose JSON is longer than this is not put in a textarea (a browser crawls editing
 # megabytes); the fork can still be made unedited, or with a `patch` through the API.
@@ -37,32 +37,21 @@ EDITOR_CHARS = 500_000
 _FORM_FIELDS = {"reason": "reason", "branch": "branch", "patch": "state", "carry_approval": "carry_approval"}
 
 
-@dataclass
-class ForkForm:
-    """What the fork form shows: the values typed so far and the errors, by field."""
+@dataclass(frozen=True)
+class StateEditor:
+    """The fork form's JSON editor: the text it holds (None: the state is too large to edit
+    here) and whether it starts open."""
 
-    reason: str = ""
-    branch: str = ""
-    resume: bool = False
-    carry_approval: str = ""
-    state_text: str | None = None  # None: the state is too large for the editor
-    state_open: bool = False
-    errors: dict[str, list[str]] = field(default_factory=dict)
-
-    @classmethod
-    def posted(cls, data: QueryDict) -> ForkForm:
-        return cls(
-            reason=data.get("reason", ""), branch=data.get("branch", ""), resume=data.get("resume") == "on",
-            carry_approval=data.get("carry_approval", ""),
-        )  # fmt: skip
+    text: str | None
+    open: bool = False
 
 
 def fork_card(request: HttpRequest, checkpoint: Checkpoint, state: dict[str, Any] | None) -> dict[str, Any]:
     """The checkpoint page's "Rewind & branch" card, for the people who may fork (nobody else sees it)."""
     if state is None or not request.user.has_perm("checkpoints.fork_thread"):
         return {"can_fork": False}
-    form = ForkForm(state_text=_editor_text(state, stored_bytes=checkpoint.state_bytes))
-    return {"can_fork": True, **_form_context(checkpoint, form)}
+    editor = StateEditor(_editor_text(state, stored_bytes=checkpoint.state_bytes))
+    return {"can_fork": True, **_form_context(checkpoint, ForkForm(), editor)}
 
 
 @viewer_required
@@ -74,56 +63,50 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     try:
         source_state = store.load_node(checkpoint.pk).state
     except IntegrityFailure as exc:
-        return _fork_form(request, checkpoint, ForkForm(), status=409, failure=exc.message)
+        return _fork_form(request, checkpoint, ForkForm(), StateEditor(None), status=409, failure=exc.message)
     if request.method != "POST":
-        text = _editor_text(source_state, stored_bytes=checkpoint.state_bytes)
-        return _fork_form(request, checkpoint, ForkForm(state_text=text, state_open=True))
+        editor = StateEditor(_editor_text(source_state, stored_bytes=checkpoint.state_bytes), open=True)
+        return _fork_form(request, checkpoint, ForkForm(), editor)
 
-    form = ForkForm.posted(request.POST)
-    step = request.POST.get("step", "review")
+    form = ForkForm(request.POST)
+    valid = form.is_valid()
+    step = form.cleaned_data.get("step", "review")
     if step in ("confirm", "edit"):
-        ops = _posted_patch(request.POST)
-        if step == "edit" or ops is None:
-            form.state_text, form.state_open = _editor_text(_apply(source_state, ops or [])), True
-            if ops is None:
-                form.errors["state"] = ["The reviewed changes did not come through; edit and review them again."]
-            return _fork_form(request, checkpoint, form, status=400 if form.errors else 200)
+        ops = form.cleaned_data.get("patch")
+        editor = StateEditor(_editor_text(_apply(source_state, ops or [])), open=True)
+        if ops is None:
+            form.add_error("state", "The reviewed changes did not come through; edit and review them again.")
+        if step == "edit" or not form.is_valid():
+            return _fork_form(request, checkpoint, form, editor, status=400 if form.errors else 200)
         try:
             created = forks.fork(
-                checkpoint=checkpoint, user=user, reason=form.reason, patch=ops, branch=form.branch or None,
-                resume=form.resume, carry_approval=form.carry_approval or None, address=client_address(request),
+                checkpoint=checkpoint, user=user, reason=form.cleaned_data["reason"], patch=ops,
+                branch=form.cleaned_data["branch"], resume=form.cleaned_data["resume"],
+                carry_approval=form.cleaned_data["carry_approval"], address=client_address(request),
             )  # fmt: skip
         except DomainError as exc:
-            form.state_text, form.state_open = _editor_text(_apply(source_state, ops)), True
-            return _fork_form(request, checkpoint, _with_error(form, exc), status=exc.status)
+            return _fork_form(request, checkpoint, _with_error(form, exc), editor, status=exc.status)
         return redirect("dashboard:checkpoint", checkpoint_id=created.pk)
 
     # Review: turn the edited state into a patch, check everything, show what will happen.
-    ops = []
-    if "state" in request.POST:
-        form.state_text, form.state_open = request.POST["state"], True
-        try:
-            edited = loads_strict(form.state_text)
-        except ValueError as exc:
-            form.errors["state"] = [f"This is not valid JSON: {exc}"]
-            return _fork_form(request, checkpoint, form, status=400)
-        if not isinstance(edited, dict):
-            form.errors["state"] = ["The state must be a JSON object ({…})."]
-            return _fork_form(request, checkpoint, form, status=400)
-        ops = make_patch(source_state, edited)
-        form.state_open = bool(ops)
+    # The editor stays open when the state was changed (or, by the template, when it has an error).
+    edited = form.cleaned_data.get("state")
+    ops = make_patch(source_state, edited) if edited is not None else []
+    editor = StateEditor(request.POST.get("state"), open=bool(ops))
+    if not valid:
+        return _fork_form(request, checkpoint, form, editor, status=400)
     try:
         plan = forks.plan_fork(
-            checkpoint=checkpoint, reason=form.reason, patch=ops, branch=form.branch or None, resume=form.resume,
-            carry_approval=form.carry_approval or None,
+            checkpoint=checkpoint, reason=form.cleaned_data["reason"], patch=ops, branch=form.cleaned_data["branch"],
+            resume=form.cleaned_data["resume"], carry_approval=form.cleaned_data["carry_approval"],
         )  # fmt: skip
     except DomainError as exc:
-        return _fork_form(request, checkpoint, _with_error(form, exc), status=exc.status)
+        return _fork_form(request, checkpoint, _with_error(form, exc), editor, status=exc.status)
     thread = Thread.objects.select_related("agent", "active_branch").get(pk=checkpoint.thread_id)
     context = {
         "nav": "threads",
         "thread": thread,
-        "thread_label": checkpoint_page.thread_label(thread),
+        "thread_label": thread_label(thread),
         "checkpoint": checkpoint,
         "form": form,
         "plan": plan,
@@ -176,7 +159,7 @@ def _thread_action(request: HttpRequest, thread_id: UUID, action: str, perform: 
     except DomainError as exc:
         return _confirm(request, action, thread, error=exc)
     if action == "delete":
-        label = checkpoint_page.thread_label(thread)
+        label = thread_label(thread)
         messages.success(request, f"Thread {label} was deleted and its data key destroyed.")
         return redirect("dashboard:threads")
     return redirect("dashboard:thread", thread_id=thread.pk)
@@ -186,24 +169,31 @@ def _thread_action(request: HttpRequest, thread_id: UUID, action: str, perform: 
 
 
 def _fork_form(
-    request: HttpRequest, checkpoint: Checkpoint, form: ForkForm, *, status: int = 200, failure: str = ""
+    request: HttpRequest,
+    checkpoint: Checkpoint,
+    form: ForkForm,
+    editor: StateEditor,
+    *,
+    status: int = 200,
+    failure: str = "",
 ) -> HttpResponse:
     thread = Thread.objects.select_related("agent").get(pk=checkpoint.thread_id)
     context = {
         "nav": "threads",
         "failure": failure,
         "thread": thread,
-        "thread_label": checkpoint_page.thread_label(thread),
+        "thread_label": thread_label(thread),
         "checkpoint": checkpoint,
-        **_form_context(checkpoint, form),
+        **_form_context(checkpoint, form, editor),
     }
     return render(request, "checkpoints/fork.html", context, status=status)
 
 
-def _form_context(checkpoint: Checkpoint, form: ForkForm) -> dict[str, Any]:
+def _form_context(checkpoint: Checkpoint, form: ForkForm, editor: StateEditor) -> dict[str, Any]:
     approvals: list[ApprovalRequest] = list(forks.carryable_approvals(checkpoint.thread_id)[:50])
     return {
         "fork_form": form,
+        "state_editor": editor,
         "carryable": approvals,
         "editor_limit": f"{EDITOR_CHARS:,}",
         # What the branch will be called if the name is left empty (checked again when it is made).
@@ -229,7 +219,7 @@ def _confirm(
         "nav": "threads",
         "action": action,
         "thread": thread,
-        "thread_label": checkpoint_page.thread_label(thread),
+        "thread_label": thread_label(thread),
         "checkpoint": checkpoint,
         "head": head,
         "refusal": refusal,
@@ -248,11 +238,12 @@ def _confirm(
 
 
 def _with_error(form: ForkForm, exc: DomainError) -> ForkForm:
-    where = _FORM_FIELDS.get(str(exc.detail.get("field", "")), "form")
+    """The form with a domain error shown on its field (or above the form when it names none)."""
+    where = _FORM_FIELDS.get(str(exc.detail.get("field", "")))
     message = exc.message
     if where == "state" and exc.detail.get("path") is not None:
         message = f"{message} (op {exc.detail.get('op')}, at {exc.detail['path'] or 'the whole state'})"
-    form.errors.setdefault(where, []).append(message)
+    form.add_error(where, message)
     return form
 
 
@@ -262,15 +253,6 @@ def _editor_text(state: dict[str, Any], *, stored_bytes: int = 0) -> str | None:
         return None
     text = json.dumps(state, indent=2, ensure_ascii=False)
     return text if len(text) <= EDITOR_CHARS else None
-
-
-def _posted_patch(data: QueryDict) -> list[dict[str, Any]] | None:
-    """The patch the confirmation page carries (computed on review), or None if it is unreadable."""
-    try:
-        ops = loads_strict(data.get("patch", ""))
-    except ValueError:
-        return None
-    return ops if isinstance(ops, list) else None
 
 
 def _apply(state: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:

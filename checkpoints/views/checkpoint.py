@@ -13,11 +13,12 @@ from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from checkpoints import blobs, diffview, selectors, store
+from checkpoints import blobs, selectors, store
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
-from checkpoints.views import actions, viewer_required
+from checkpoints.presentation import diffview
+from checkpoints.views import actions, thread_label, viewer_required
 
 # Newest tool results listed; the page says how many there are in all.
 TOOL_RESULTS_SHOWN = 50
@@ -43,7 +44,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
     tool_results, tool_total = _tool_results(checkpoint)
     # Values kept in blob storage are shown by a placeholder, a preview and a download link.
     shown, large = blobs.large_values(thread.pk, state) if state is not None else (None, [])
-    tree = diffview.render_tree(shown) if shown is not None else None
+    tree = diffview.state_tree(shown) if shown is not None else None
     context = {
         "nav": "threads",
         "thread": thread,
@@ -71,11 +72,6 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         **actions.fork_card(request, checkpoint, state),
     }
     return render(request, "checkpoints/checkpoint_detail.html", context)
-
-
-def thread_label(thread: Thread) -> str:
-    """How breadcrumbs and titles name a thread: its external id, else the start of its id."""
-    return thread.external_id or str(thread.pk)[:8]
 
 
 def _neighbours(checkpoint: Checkpoint) -> tuple[Checkpoint | None, Checkpoint | None, Checkpoint | None]:

@@ -11,13 +11,13 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from checkpoints import diffview, store
+from checkpoints import store
 from checkpoints.access import get_checkpoint_for
 from checkpoints.errors import IntegrityFailure
 from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.views import viewer_required
-from checkpoints.views.checkpoint import thread_label
+from checkpoints.presentation import diffview
+from checkpoints.views import thread_label, viewer_required
 
 VIEWS = ("unified", "split")
 # Newest checkpoints of each branch offered by the picker (plus the two compared).
@@ -66,8 +66,8 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
         "failure": failure,
         "view": view,
         "views": VIEWS,
-        "base_options": diffview.options_html(picker, selected=base.pk if base is not None else None),
-        "target_options": diffview.options_html(picker, selected=target.pk),
+        "base_options": diffview.picker_groups(picker, selected=base.pk if base is not None else None),
+        "target_options": diffview.picker_groups(picker, selected=target.pk),
         # The view switch keeps the compared pair.
         "base_query": f"base={base.pk}&" if base is not None else "",
     }

@@ -12,9 +12,10 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from agents.models import Agent
-from checkpoints import selectors, svg, timeline
+from checkpoints import selectors
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
+from checkpoints.presentation import drawings, timeline
 from checkpoints.views import viewer_required
 from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
 
@@ -141,11 +142,11 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "branches": branches,
         "selected": selected,
         "page": page,
-        "rows_html": timeline.timeline_rows_html(page, head_id=thread.head_id),
+        "rows": timeline.timeline_rows(page, head_id=thread.head_id),
         "head": tree.node(thread.head_id),
         "has_checkpoints": any(not branch.is_empty for branch in branches),
-        "tree_svg": svg.branch_tree(tree),
-        "chart_svg": svg.state_chart(series, branch_name=selected.name, length=selected.length, page=page),
+        "tree": drawings.branch_tree(tree),
+        "chart": drawings.state_chart(series, branch_name=selected.name, length=selected.length, page=page),
         "metadata": metadata,
         "more_metadata": more_metadata,
         "attention": selectors.attention(thread),

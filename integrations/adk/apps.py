@@ -7,12 +7,8 @@ class AdkConfig(AppConfig):
     verbose_name = "Google ADK"
 
     def ready(self) -> None:
-        from agents.demo import register_demo
         from checkpoints.forks import register_fork_shaper
         from integrations.adk.forks import adk_fork
 
         # Dashboard forks of ADK sessions work without ADK installed: the shaper needs no ADK import.
         register_fork_shaper(adk_fork)
-
-        # seed_demo starts the ADK demo only when ADK is installed (requirements-adk.txt).
-        register_demo("integrations.adk.demo.seed")

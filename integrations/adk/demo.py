@@ -5,9 +5,9 @@ hotel, city and nights) a person can edit in the inbox; once approved it books w
 approved and the model says so. `ScriptedLlm` is ADK's public model interface (a BaseLlm whose
 turns are a function of the request), which the tests and the benchmark use too.
 
-`seed` (run by `manage.py seed_demo`) starts one concierge session that waits in the inbox; the
-worker finishes it once someone decides. QUICKSAVE_AGENT_MODULES includes this module by default
-when ADK is installed, so the worker resumes the concierge.
+`seed` (a seeder `manage.py seed_demo` runs) starts one concierge session that waits in the inbox;
+the worker finishes it once someone decides. QUICKSAVE_AGENT_MODULES includes this module by
+default when ADK is installed, so the worker resumes the concierge and seed_demo finds the seeder.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
+from agents.demo import register_seeder
 from checkpoints.models import Thread
 from integrations.adk.runner import register_adk_agent
 from integrations.adk.sessions import QuicksaveSessionService, find_thread
@@ -103,6 +104,7 @@ def concierge() -> BaseAgent:
                     instruction="Book what the user asks for.", tools=[FunctionTool(book_hotel)])  # fmt: skip
 
 
+@register_seeder
 def seed() -> Thread:
     """Start the demo session (once): it stops at the booking's confirmation, waiting in the inbox."""
     existing = find_thread(APP, USER, SESSION)

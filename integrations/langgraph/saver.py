@@ -336,7 +336,10 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return store.create_thread(
                 agent=self._get_agent(),
                 external_id=external_id,
-                metadata={"langgraph": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns}},
+                metadata={
+                    "framework": "langgraph",
+                    "langgraph": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns},
+                },
             )[0]
         return Thread.objects.filter(agent=self._get_agent(), external_id=external_id).first()
 

@@ -1,4 +1,4 @@
-// A state tree (checkpoints/diffview.py render_tree): its "copy path" buttons copy a node's JSON
+// A state tree (templates/checkpoints/_state_tree.html): its "copy path" buttons copy a node's JSON
 // pointer, and the tree is one Tab stop: arrow keys move between its
 // nodes, Right and Left open and close them, and "c" copies the focused node's JSON pointer (its
 // "copy path" button, which the mouse still reaches). Before, every node's button was a Tab stop

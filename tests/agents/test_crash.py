@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from uuid import UUID
@@ -30,6 +29,7 @@ from agents.models import Run, RunStatus
 from agents.runtime import start_thread
 from checkpoints.models import Checkpoint, Event, Thread, ThreadStatus
 from tests.processes import database_url
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 LEASE_SECONDS = 2
@@ -94,17 +94,19 @@ def checkpoint_ids(thread: Thread) -> list[UUID]:
 
 def wait_until_completed(thread: Thread, workers: Workers, worker: subprocess.Popen[bytes]) -> None:
     """Wait for the thread to complete and its run to be closed (the run closes just after the last checkpoint)."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
+
+    def completed() -> bool:
         # Runs first: a run closes after its last checkpoint, so a closed run means the thread is final.
         running = Run.objects.filter(thread=thread, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists()
         thread.refresh_from_db()
         if thread.status == ThreadStatus.COMPLETED and not running:
-            return
+            return True
         assert running, f"no run is left to drive the {thread.status} thread\n{workers.logs()}"
         assert worker.poll() is None, f"the restarted worker exited ({worker.returncode})\n{workers.logs()}"
-        time.sleep(0.1)
-    pytest.fail(f"thread is still {thread.status} at step {thread.step} after {TIMEOUT:.0f} s\n{workers.logs()}")
+        return False
+
+    wait_until(completed, what="the thread to complete and its run to close", timeout=TIMEOUT, every=0.1,
+               details=lambda: f"it is {thread.status} at step {thread.step}\n{workers.logs()}")  # fmt: skip
 
 
 def assert_recovered(thread: Thread, workers: Workers, acknowledged: list[UUID]) -> None:
@@ -187,10 +189,13 @@ def test_a_worker_killed_from_outside_mid_checkpoint_loses_and_repeats_nothing(
         [thread.pk],
     )
     worker = workers.start()
-    deadline = time.monotonic() + TIMEOUT
-    while not worker_waits_on_a_lock():
-        assert worker.poll() is None and time.monotonic() < deadline, workers.logs()
-        time.sleep(0.01)
+
+    def waits_on_the_gate() -> bool:
+        assert worker.poll() is None, workers.logs()
+        return worker_waits_on_a_lock()
+
+    wait_until(waits_on_the_gate, what="the worker's checkpoint insert to wait on the gate's row lock",
+               timeout=TIMEOUT, every=0.01, details=workers.logs)  # fmt: skip
 
     acknowledged = checkpoint_ids(thread)
     worker.send_signal(signal.SIGKILL)

@@ -17,7 +17,6 @@ out. Each boundary is hit at each of the three calls. For every case:
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from subprocess import Popen
@@ -35,6 +34,7 @@ from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from quicksave.roles import grant_role
 from tests.agents.ledger_agent import LEDGER_DDL, LEDGER_TABLE, LedgerAgent
 from tests.processes import Workers, database_url, process_state
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -82,8 +82,8 @@ def in_doubt(thread: Thread) -> list[ApprovalRequest]:
 def settle(thread: Thread, workers: Workers, worker: Popen[bytes]) -> str:
     """Wait until the thread completed with its runs closed ("completed") or waits on an in-doubt item
     with its runs closed ("in_doubt")."""
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
+
+    def outcome() -> str | None:
         open_runs = Run.objects.filter(thread=thread, status__in=[RunStatus.QUEUED, RunStatus.RUNNING]).exists()
         thread.refresh_from_db()
         if not open_runs and thread.status == ThreadStatus.COMPLETED:
@@ -91,8 +91,13 @@ def settle(thread: Thread, workers: Workers, worker: Popen[bytes]) -> str:
         if not open_runs and thread.status == ThreadStatus.WAITING_FOR_APPROVAL:
             return "in_doubt"
         assert worker.poll() is None, f"the worker exited ({worker.returncode})\n{workers.logs()}"
-        time.sleep(0.05)
-    pytest.fail(f"thread is still {thread.status} at step {thread.step} after {TIMEOUT:.0f} s\n{workers.logs()}")
+        return None
+
+    def where() -> str:
+        return f"it is {thread.status} at step {thread.step}\n{workers.logs()}"
+
+    return wait_until(outcome, what="the thread to complete or wait on an in-doubt item, its runs closed",
+                      timeout=TIMEOUT, details=where)  # fmt: skip
 
 
 def answer_as_a_person(item: ApprovalRequest, person: User, thread: Thread, step: int) -> None:
@@ -115,6 +120,9 @@ def assert_completed_once_each(thread: Thread, workers: Workers) -> None:
     assert set(ToolCall.objects.filter(thread=thread).values_list("state", flat=True)) == {ToolCallState.DONE}
 
 
+# Three kills and takeovers of about 6 s each, every wait bounded by TIMEOUT: the named waits, not
+# the global timeout, should be what reports a slow step.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
 @pytest.mark.parametrize("boundary", BOUNDARIES)
 def test_a_worker_killed_at_a_boundary_of_a_call_neither_repeats_nor_loses_the_call(
@@ -158,10 +166,13 @@ def test_a_worker_frozen_past_its_lease_stops_when_it_wakes_and_writes_nothing(
     thread = start_thread(agent_class=LedgerAgent, external_id=f"frozen-{boundary}", steps=STEPS,
                           idempotent=idempotent)  # fmt: skip
     frozen = workers.start({"QUICKSAVE_TEST_FAULT": f"freeze:{boundary}:2"})
-    deadline = time.monotonic() + TIMEOUT
-    while process_state(frozen) != "T":
-        assert frozen.poll() is None and time.monotonic() < deadline, workers.logs()
-        time.sleep(0.02)
+
+    def frozen_stopped() -> bool:
+        assert frozen.poll() is None, workers.logs()
+        return process_state(frozen) == "T"
+
+    wait_until(frozen_stopped, what="the worker to stop itself at its fault", timeout=TIMEOUT, every=0.02,
+               details=workers.logs)  # fmt: skip
 
     takeover = workers.start()
     assert settle(thread, workers, takeover) == "completed"
@@ -169,10 +180,13 @@ def test_a_worker_frozen_past_its_lease_stops_when_it_wakes_and_writes_nothing(
     written = list(Checkpoint.objects.filter(thread=thread).values_list("pk", flat=True))
 
     frozen.send_signal(signal.SIGCONT)
-    deadline = time.monotonic() + TIMEOUT
-    while "lost its lease" not in workers.log_of(frozen):
-        assert frozen.poll() is None and time.monotonic() < deadline, workers.logs()
-        time.sleep(0.05)
+
+    def lost_its_lease() -> bool:
+        assert frozen.poll() is None, workers.logs()
+        return "lost its lease" in workers.log_of(frozen)
+
+    wait_until(lost_its_lease, what="the woken worker to log that it lost its lease", timeout=TIMEOUT,
+               details=workers.logs)  # fmt: skip
 
     assert frozen.poll() is None, workers.logs()  # it goes on serving
     assert_completed_once_each(thread, workers)

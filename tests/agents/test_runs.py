@@ -1,24 +1,33 @@
 """Runs: claimed under a lease with SKIP LOCKED, kept by heartbeats, re-claimed when a worker dies,
-and long-polled by external agents who are woken by NOTIFY."""
+long-polled by external agents who are woken by NOTIFY, and picked up by idle workers woken by
+NOTIFY (or, when no notification comes, by their poll)."""
 
 from __future__ import annotations
 
 import json
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from django.db import connections
+from django.db import connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from agents.demo import CodeReviewAgent
+from agents.keys import get_or_create_agent
 from agents.models import Agent, Run, RunReason, RunStatus
-from agents.runs import LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
+from agents.runs import CHANNEL, LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
+from agents.runtime import start_thread
 from checkpoints import store
 from checkpoints.models import Thread
+from tests.processes import Workers
+from tests.waiting import wait_until
 
 
 def queued(thread: Thread, n: int = 1) -> list[Run]:
@@ -138,10 +147,83 @@ def test_a_long_poll_is_woken_by_the_notification_not_the_timeout(
 
     poller = threading.Thread(target=poll)
     poller.start()
-    time.sleep(1.0)  # the poll is waiting now
+    # Queued before the request looked, the run would be claimed at once without any NOTIFY.
+    wait_until(
+        the_long_poll_waits,
+        what="the long poll to listen, look, find nothing and wait",
+        details=lambda: f"other sessions: {other_sessions()}",
+    )
     run = enqueue_run(thread=thread, checkpoint=checkpoint, reason=RunReason.MANUAL)
     poller.join()
 
     assert outcome["status"] == 200
     assert outcome["body"]["run"]["id"] == str(run.pk)
     assert outcome["seconds"] < 10  # woken by NOTIFY, well before the 20 s wait ran out
+
+
+def other_sessions() -> list[tuple[str, str]]:
+    """The state and last statement of every other session on the test database (for a failure message)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT state, query FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return cursor.fetchall()
+
+
+def the_long_poll_waits() -> bool:
+    """Whether a claim committed, and went idle, after a session started to LISTEN: the claim view
+    listens, then looks for a run, then waits (its pooled connection stays idle meanwhile)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity listener, pg_stat_activity claim"
+            " WHERE listener.datname = current_database() AND claim.datname = current_database()"
+            " AND listener.query = %s AND claim.pid NOT IN (listener.pid, pg_backend_pid())"
+            " AND claim.state = 'idle' AND claim.query = 'COMMIT' AND claim.state_change > listener.state_change)",
+            [f"LISTEN {CHANNEL}"],
+        )
+        return bool(cursor.fetchone()[0])
+
+
+IDLE = "idle, waiting up to"  # what agents.worker logs (at DEBUG) each time it finds no run and waits
+
+
+@contextmanager
+def worker_polling_every(directory: Path, seconds: float) -> Iterator[tuple[Workers, Any]]:
+    """A `run_agents` process for the code-review agent that polls every `seconds`, logging at DEBUG;
+    yields once it has looked for work, found none and is waiting."""
+    workers = Workers(directory, agent=CodeReviewAgent.name, lease_seconds=30, poll_seconds=seconds,
+                      env={"LOG_LEVEL": "DEBUG"})  # fmt: skip
+    try:
+        process = workers.start()
+        wait_until(lambda: IDLE in workers.log_of(process), what="the worker to find no run and wait",
+                   details=workers.logs)  # fmt: skip
+        yield workers, process
+    finally:
+        workers.kill_all()  # SIGKILL: a worker waiting on an hour-long poll would not see SIGTERM soon
+
+
+def claimed(run: Run) -> bool:
+    return Run.objects.filter(pk=run.pk).exclude(status=RunStatus.QUEUED).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_worker_is_woken_by_the_notification_of_a_queued_run(tmp_path: Path) -> None:
+    # An hour between polls: only the NOTIFY sent at enqueue can wake it within the wait below.
+    with worker_polling_every(tmp_path, 3600) as (workers, _):
+        thread = start_thread(agent_class=CodeReviewAgent, external_id="notified")
+        (run,) = Run.objects.filter(thread=thread)
+        wait_until(lambda: claimed(run), what="the notified worker to claim the run", timeout=20,
+                   details=workers.logs)  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_idle_worker_still_finds_a_run_queued_without_a_notification(tmp_path: Path) -> None:
+    with worker_polling_every(tmp_path, 0.5) as (workers, _):
+        thread, _ = store.create_thread(agent=get_or_create_agent(name=CodeReviewAgent.name))
+        checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"files": []})
+        # What enqueue_run does, less its NOTIFY: a notification lost (the LISTEN connection was
+        # down at the time, say) leaves the run to the poll.
+        run = Run.objects.create(agent_id=thread.agent_id, thread=thread, checkpoint=checkpoint,
+                                 reason=RunReason.MANUAL)  # fmt: skip
+        wait_until(lambda: claimed(run), what="the polling worker to claim the run", timeout=20,
+                   details=workers.logs)  # fmt: skip

@@ -4,10 +4,10 @@ and on a real S3-compatible server (moto's standalone server in its own process)
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -25,6 +25,7 @@ from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, Thread
 from tests.conftest import person, signed_in
 from tests.processes import free_port
+from tests.waiting import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -172,7 +173,8 @@ def test_an_unreferenced_blob_is_collected_only_once_no_write_has_used_it_lately
 
 @pytest.fixture(scope="module")
 def s3_server() -> Iterator[str]:
-    pytest.importorskip("moto.server")
+    if importlib.util.find_spec("moto") is None:
+        pytest.fail("moto is not installed: pip install -r requirements-dev.txt", pytrace=False)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
@@ -181,16 +183,20 @@ def s3_server() -> Iterator[str]:
         env={**os.environ, "MOTO_ALLOW_NONEXISTENT_REGION": "true"},
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def answers() -> bool:
+        assert process.poll() is None, f"moto's S3 server exited ({process.returncode})"
         try:
             httpx.get(url, timeout=1)
-            break
         except httpx.HTTPError:
-            if time.monotonic() > deadline or process.poll() is not None:
-                process.kill()
-                raise RuntimeError("moto's S3 server did not start") from None
-            time.sleep(0.1)
+            return False
+        return True
+
+    try:
+        wait_until(answers, what=f"moto's S3 server to answer at {url}")
+    except BaseException:
+        process.kill()
+        raise
     yield url
     process.terminate()
     process.wait(10)

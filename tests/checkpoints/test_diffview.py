@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from checkpoints import diffview
-from checkpoints.diffview import Segment, build_diff, pretty, render_tree, word_diff
+from django.template.loader import render_to_string
+
 from checkpoints.jsonpatch import make_patch
+from checkpoints.presentation import diffview
+from checkpoints.presentation.diffview import DiffItem, Segment, build_diff, pretty, word_diff
 
 PLAN = (
     "Fly from Berlin to Lisbon on Monday morning, check in at a hotel near Alfama, spend two days "
@@ -16,6 +18,19 @@ PLAN = (
 
 def diff(base: dict[str, Any], target: dict[str, Any]) -> diffview.DiffView:
     return build_diff(base, target, make_patch(base, target))
+
+
+def word_diff_html(segments: list[Segment], side: str = "both") -> str:
+    return render_to_string("checkpoints/_word_diff.html", {"segments": segments, "side": side})
+
+
+def inline(item: DiffItem, side: str = "both") -> str:
+    return word_diff_html(item.segments or [], side)
+
+
+def render_tree(state: Any, **budget: int) -> str | None:
+    nodes = diffview.state_tree(state, **budget)
+    return None if nodes is None else render_to_string("checkpoints/_state_tree.html", {"nodes": nodes})
 
 
 def test_added_removed_and_changed_paths_are_classified() -> None:
@@ -51,9 +66,9 @@ def test_long_strings_are_diffed_word_by_word() -> None:
     assert item.kind == "changed" and item.segments is not None
     marked = [(segment.op, segment.text) for segment in item.segments if segment.op != "equal"]
     assert marked == [("delete", "Monday"), ("insert", "Tuesday"), ("delete", "Alfama"), ("insert", "Baixa")]
-    assert "<del>Monday</del><ins>Tuesday</ins>" in item.inline_html
-    assert "<ins>" not in item.base_html and "<del>Monday</del>" in item.base_html
-    assert "<del>" not in item.target_html and "<ins>Tuesday</ins>" in item.target_html
+    assert "<del>Monday</del><ins>Tuesday</ins>" in inline(item)
+    assert "<ins>" not in inline(item, "base") and "<del>Monday</del>" in inline(item, "base")
+    assert "<del>" not in inline(item, "target") and "<ins>Tuesday</ins>" in inline(item, "target")
 
 
 def test_short_strings_are_shown_whole_not_word_diffed() -> None:
@@ -86,7 +101,7 @@ def test_long_unchanged_text_in_a_word_diff_is_elided() -> None:
     elided = [segment for segment in segments if segment.op == "elided"]
     assert len(elided) == 2
     assert sum(len(segment.text) for segment in segments) < 1_000
-    assert "characters not shown" in diffview.segments_html(segments)
+    assert "characters not shown" in word_diff_html(segments)
 
 
 def test_appends_to_a_list_collapse_into_one_summary() -> None:
@@ -139,8 +154,8 @@ def test_values_are_escaped_in_every_rendering() -> None:
     view = diff({"note": "x" * 100, "bio": "a"}, {"note": "x" * 100 + " " + script, "bio": script})
 
     long_item = next(item for item in view.items if item.path == "/note")
-    assert script not in long_item.inline_html
-    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in long_item.inline_html
+    assert script not in inline(long_item)
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in inline(long_item)
     tree = render_tree({"bio": script, script: 1})
     assert tree is not None
     assert "<script>" not in tree

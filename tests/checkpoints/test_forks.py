@@ -30,6 +30,7 @@ from checkpoints.errors import InvalidPatch, StaleParent
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, Event, Thread, ThreadStatus
 from tests.conftest import person
 from tests.processes import ROOT, database_url
+from tests.waiting import wait_until
 
 
 def api(user: User) -> APIClient:
@@ -584,8 +585,8 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
         randomly = random.Random(6)
         main = Branch.objects.get(thread=thread, name="main")
         deadline = time.monotonic() + 60
-        while Checkpoint.objects.filter(thread=thread, branch=main).count() < 10 and time.monotonic() < deadline:
-            time.sleep(0.02)
+        wait_until(lambda: Checkpoint.objects.filter(thread=thread, branch=main).count() >= 10,
+                   what="the writers to put 10 checkpoints on main", timeout=60, every=0.02)  # fmt: skip
         forked: list[Checkpoint] = []
         while any(writer.poll() is None for writer in writers) or len(forked) < 6:
             on_main = list(Checkpoint.objects.filter(thread=thread, branch=main).defer("payload").order_by("-seq")[:20])
@@ -597,7 +598,7 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
             for _ in range(2):  # the new branch's own agent writes after the fork
                 parent = store.append_checkpoint(thread=thread, parent=parent, patch=[], metadata={"writer": "fork"})
             forked.append(made)
-            time.sleep(randomly.uniform(0.0, 0.05))
+            time.sleep(randomly.uniform(0.0, 0.05))  # jitter: forks land at varied points of the writers' runs
             if time.monotonic() > deadline:
                 break
         results = []

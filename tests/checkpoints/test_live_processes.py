@@ -1,8 +1,10 @@
 """Live updates across processes: two ASGI servers sharing Redis, plus a worker process.
 
 A websocket connected to one server receives the events caused by an API write through
-the other server and by the worker, and is closed (4401) when a request to the other server
-revokes its key or signs its session out. With Redis down, a websocket is refused with 4503.
+the other server and by the worker, over the channel layer (its replay is over before they
+are written), and replays from the table what a server it cannot hear wrote while it was away.
+It is closed (4401) when a request to the other server revokes its key or signs its session
+out. With Redis down, a websocket is refused with 4503.
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from agents.demo import CodeReviewAgent
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.runtime import start_thread
 from checkpoints import store
+from checkpoints.models import Thread
 from tests.conftest import person
-from tests.processes import REDIS_SERVER, ROOT, RedisServer, database_url, free_port, start_server, stop
+from tests.processes import ROOT, RedisServer, database_url, free_port, start_server, stop
 
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
 
@@ -41,7 +44,7 @@ def redis_available() -> str:
     try:
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=1).ping()
     except redis.RedisError as exc:
-        pytest.skip(f"Redis is not reachable at {REDIS_URL}: {exc}")
+        pytest.fail(f"Redis is not reachable at {REDIS_URL} ({exc}): start it, or set REDIS_URL", pytrace=False)
     return REDIS_URL
 
 
@@ -56,17 +59,28 @@ def servers(redis_available: str) -> Iterator[list[int]]:
             stop(process)
 
 
-async def collect(url: str, key: str, port: int, count: int, timeout: float) -> list[dict[str, Any]]:
+async def collect(url: str, key: str, port: int, count: int, timeout: float,
+                  subscribed: asyncio.Event) -> list[dict[str, Any]]:  # fmt: skip
+    """Connect, read the one event the socket's `after_seq` leaves to replay, set `subscribed`, then
+    collect `count` more: those can only have come live, over the channel layer."""
     headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{port}"}
     received: list[dict[str, Any]] = []
     async with websockets.connect(url, additional_headers=headers) as socket:
         async with asyncio.timeout(timeout):
+            # The consumer joins its group before it accepts and replays after: with the replayed
+            # event here, the socket hears the group and the table has nothing more to give it.
+            json.loads(await socket.recv())
+            subscribed.set()
             while len(received) < count:
                 received.append(json.loads(await socket.recv()))
     return received
 
 
-def test_a_websocket_on_one_server_sees_writes_through_the_other_and_the_worker(
+def last_seq(thread_id: Any) -> int:
+    return Thread.objects.values_list("event_seq", flat=True).get(pk=thread_id)
+
+
+def test_a_websocket_on_one_server_hears_writes_through_the_other_and_the_worker_over_redis(
     servers: list[int], redis_available: str
 ) -> None:
     server_a, server_b = servers
@@ -74,19 +88,22 @@ def test_a_websocket_on_one_server_sees_writes_through_the_other_and_the_worker(
     _, key = create_agent_key(agent=agent)
     api_b = httpx.Client(base_url=f"http://127.0.0.1:{server_b}", headers={"Authorization": f"Bearer {key}"})
     written_thread = api_b.post("/api/v1/threads/", json={"external_id": "through-b"}).json()
+    written_seq = last_seq(written_thread["id"])
     reviewed = start_thread(agent_class=CodeReviewAgent, external_id="by-the-worker")
     reviewed.refresh_from_db()
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        subscribed = [asyncio.Event(), asyncio.Event()]
         through_api = asyncio.create_task(collect(
-            f"ws://127.0.0.1:{server_a}/ws/threads/{written_thread['id']}/?after_seq=1", key, server_a,
-            count=1, timeout=30,
+            f"ws://127.0.0.1:{server_a}/ws/threads/{written_thread['id']}/?after_seq={written_seq - 1}", key,
+            server_a, count=1, timeout=30, subscribed=subscribed[0],
         ))  # fmt: skip
         by_worker = asyncio.create_task(collect(
-            f"ws://127.0.0.1:{server_a}/ws/threads/{reviewed.pk}/?after_seq={reviewed.event_seq}", key, server_a,
-            count=3, timeout=60,
+            f"ws://127.0.0.1:{server_a}/ws/threads/{reviewed.pk}/?after_seq={reviewed.event_seq - 1}", key,
+            server_a, count=3, timeout=60, subscribed=subscribed[1],
         ))  # fmt: skip
-        await asyncio.sleep(1.5)  # both sockets are connected and subscribed on server A
+        async with asyncio.timeout(30):
+            await asyncio.gather(*(event.wait() for event in subscribed))
         response = await asyncio.to_thread(
             api_b.post, f"/api/v1/threads/{written_thread['id']}/checkpoints/",
             json={"parent": None, "state": {"via": "server B"}, "label": "through B"},
@@ -106,11 +123,55 @@ def test_a_websocket_on_one_server_sees_writes_through_the_other_and_the_worker(
     api_events, worker_events = asyncio.run(scenario())
     api_b.close()
     assert [(event["seq"], event["type"], event["data"]["label"]) for event in api_events] == [
-        (2, "checkpoint.created", "through B")
+        (written_seq + 1, "checkpoint.created", "through B")
     ]
     assert [event["seq"] for event in worker_events] == list(range(reviewed.event_seq + 1, reviewed.event_seq + 4))
     assert worker_events[0]["type"] == "run.claimed"
     assert {event["type"] for event in worker_events[1:]} == {"checkpoint.created"}
+
+
+def test_what_a_server_on_another_redis_wrote_reaches_a_socket_by_replay_when_it_reconnects(
+    redis_available: str, db: Any
+) -> None:
+    # Server B publishes to a Redis that server A never reads: its events cannot come live.
+    elsewhere = RedisServer()
+    elsewhere.start()
+    server_a, server_b = free_port(), free_port()
+    processes = [start_server(server_a, {"REDIS_URL": redis_available}),
+                 start_server(server_b, {"REDIS_URL": elsewhere.url})]  # fmt: skip
+    try:
+        agent = get_or_create_agent(name="code-review")
+        _, key = create_agent_key(agent=agent)
+        thread, _ = store.create_thread(agent=agent, external_id="unheard")
+        seen = last_seq(thread.pk)
+        headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{server_a}"}
+        url = f"ws://127.0.0.1:{server_a}/ws/threads/{thread.pk}/?after_seq={seen}"
+
+        def write_through_b() -> None:
+            with httpx.Client(base_url=f"http://127.0.0.1:{server_b}", headers={"Authorization": f"Bearer {key}"}) as b:
+                response = b.post(f"/api/v1/threads/{thread.pk}/checkpoints/",
+                                  json={"parent": None, "state": {}, "label": "unheard"})  # fmt: skip
+                assert response.status_code == 201, response.text
+
+        async def scenario() -> dict[str, Any]:
+            async with websockets.connect(url, additional_headers=headers) as socket:
+                await asyncio.to_thread(write_through_b)
+                # Waiting for something that must not come takes a window: 2 s is many times what
+                # delivery over the same Redis takes (the test above).
+                with pytest.raises(TimeoutError):
+                    async with asyncio.timeout(2):
+                        await socket.recv()
+            async with websockets.connect(url, additional_headers=headers) as socket:
+                async with asyncio.timeout(30):
+                    return dict(json.loads(await socket.recv()))
+
+        replayed = asyncio.run(scenario())
+    finally:
+        for process in processes:
+            stop(process)
+        elsewhere.kill()
+
+    assert (replayed["seq"], replayed["type"], replayed["data"]["label"]) == (seen + 1, "checkpoint.created", "unheard")
 
 
 WITHIN_SECONDS = 2.0  # a revoke or a sign-out closes the sockets it ends within this long
@@ -195,8 +256,6 @@ def test_signing_out_through_one_server_closes_the_sessions_sockets_on_the_other
 
 
 def test_a_websocket_while_redis_is_down_is_refused_with_4503_not_an_http_500(db: Any) -> None:
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed on this machine")
     redis_server = RedisServer()
     redis_server.start()
     port = free_port()

@@ -26,7 +26,7 @@ from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey,
 from checkpoints.tools import put_tool_result
 from checkpoints.verify import verify_thread
 from tests.checkpoints.test_hotcache import a_fresh_process
-from tests.processes import REDIS_SERVER, RedisServer
+from tests.processes import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -309,7 +309,6 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
     assert thread.events.filter(type="thread.compacted").exists()  # the live page refreshes
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine")
 def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_server: RedisServer) -> None:
     thread = store.create_thread(agent=agent)[0]
     written = long_history(thread, 30)
@@ -328,7 +327,6 @@ def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_serv
     assert list(verify_thread(thread)) == []
 
 
-@pytest.mark.skipif(REDIS_SERVER is None, reason="redis-server is not installed on this machine")
 def test_compaction_waits_while_it_cannot_drop_hot_entries(agent: Agent, redis_server: RedisServer) -> None:
     thread = store.create_thread(agent=agent)[0]
     long_history(thread, 30)

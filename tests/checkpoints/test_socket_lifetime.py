@@ -21,7 +21,7 @@ from agents.models import AgentKey
 from checkpoints import live, store
 from checkpoints.models import Thread
 from tests.conftest import handshake, person, signed_in
-from tests.processes import REDIS_SERVER, RedisServer
+from tests.processes import RedisServer
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -201,8 +201,6 @@ async def test_deactivating_a_person_closes_their_sockets_with_4401(application:
 @pytest.fixture
 def private_channel_layer(settings: Any) -> Iterator[RedisServer]:
     """The channel layer on a private redis-server, which the test may kill and start again."""
-    if REDIS_SERVER is None:
-        pytest.skip("redis-server is not installed on this machine")
     server = RedisServer()
     server.start()
     settings.CHANNEL_LAYERS = {

@@ -14,8 +14,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent
-from checkpoints import store, timeline
+from checkpoints import store
 from checkpoints.models import Checkpoint, Thread
+from checkpoints.presentation import timeline
 from tests.conftest import person
 
 # Measured at 12 (session, user, two permission reads, thread, role for the header, branches,

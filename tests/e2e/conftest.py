@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,18 +33,38 @@ PASSWORD = "correct-horse-battery-9"
 
 pytestmark = pytest.mark.browser
 
+# Playwright's sync API leaves its event loop marked as running on the main thread between calls
+# (it runs only while a call waits), so Django takes the ORM calls these tests make between browser
+# calls for calls from async code and refuses them. The check is switched off for each browser
+# test alone, from its setup to the end of its teardown (pytest-django empties the tables then),
+# never for the other tests of the run, nor for the server they browse (tests.processes.start_server).
+ASYNC_UNSAFE = "DJANGO_ALLOW_ASYNC_UNSAFE"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    os.environ[ASYNC_UNSAFE] = "true"
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(ASYNC_UNSAFE, None)
+
 
 # Per module, not per session: while Playwright's sync API runs it keeps an event loop
 # running on the main thread, which would break the async tests collected after these.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"Chromium is not installed at {CHROMIUM} (set QUICKSAVE_CHROMIUM)")
+    if not os.access(CHROMIUM, os.X_OK):
+        # A failure, not a skip: CI must not pass with the browser tests unrun.
+        pytest.fail(f"Chromium is not installed at {CHROMIUM}: apt-get install chromium, or set QUICKSAVE_CHROMIUM",
+                    pytrace=False)  # fmt: skip
     from playwright.sync_api import sync_playwright
 
-    # Playwright's sync API refuses to start inside a running event loop; Django's
-    # async-unsafe check would also trip on its thread, so allow it for these tests.
-    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser

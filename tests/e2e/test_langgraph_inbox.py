@@ -8,9 +8,6 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langchain_core.runnables import RunnableConfig
 
 from approvals.models import ApprovalRequest, ApprovalStatus

@@ -7,11 +7,6 @@ it reconnects and catches up from the database.
 
 from __future__ import annotations
 
-import shutil
-import signal
-import subprocess
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -25,7 +20,7 @@ from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from tests.e2e.conftest import Pages, make_person
-from tests.processes import free_port, start_server, stop
+from tests.processes import RedisServer, free_port, start_server, stop
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -36,34 +31,6 @@ def suspended_trip(external_id: str) -> ApprovalRequest:
     while worker.run_once():
         pass
     return ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
-
-
-class PrivateRedis:
-    """A redis-server of this test's own, so killing it touches nothing else on the machine."""
-
-    def __init__(self, directory: Path) -> None:
-        self.port = free_port()
-        self.directory = directory
-        self.process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        assert binary is not None
-        self.process = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.directory)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )  # fmt: skip
-        time.sleep(0.5)
-
-    def kill(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            self.process.wait()
 
 
 def open_inbox(browser: Any, base_url: str, username: str, name: str) -> tuple[Any, Pages]:
@@ -107,11 +74,10 @@ def test_a_decision_in_one_browser_removes_the_item_from_anothers_inbox(browser:
     theirs.close()
 
 
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed")
-def test_with_redis_killed_the_page_shows_offline_then_catches_up(browser: Any, tmp_path: Path) -> None:
+def test_with_redis_killed_the_page_shows_offline_then_catches_up(browser: Any) -> None:
     make_person("ravi", "reviewer")
     approval = suspended_trip("trip-offline")
-    redis_server = PrivateRedis(tmp_path)
+    redis_server = RedisServer()  # of this test's own: killing it touches nothing else on the machine
     redis_server.start()
     port = free_port()
     server = start_server(port, {"REDIS_URL": redis_server.url})

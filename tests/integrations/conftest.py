@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ from django.db import connections
 
 from agents.models import Run, RunStatus
 from checkpoints.models import Thread
+from tests.waiting import wait_until
 
 
 class WorkerThread:
@@ -31,14 +31,13 @@ class WorkerThread:
 
     def wait_for_runs(self, thread: Thread, *, timeout: float = 30) -> list[Run]:
         """Wait until `thread` has a run and none queued or running; returns its runs, oldest first."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def finished() -> list[Run] | None:
             runs = list(Run.objects.filter(thread=thread).order_by("created_at"))
-            if runs and all(run.status not in (RunStatus.QUEUED, RunStatus.RUNNING) for run in runs):
-                return runs
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"runs of thread {thread.pk} did not finish in {timeout} s")
-            time.sleep(0.05)
+            done = runs and all(run.status not in (RunStatus.QUEUED, RunStatus.RUNNING) for run in runs)
+            return runs if done else None
+
+        return wait_until(finished, what=f"the runs of thread {thread.pk} to finish", timeout=timeout)
 
 
 @pytest.fixture

@@ -4,15 +4,11 @@ graph through the worker with `Command(resume=...)`, and its next checkpoints la
 from __future__ import annotations
 
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from django.contrib.auth.models import User
 from django.utils import timezone
 from langchain_core.runnables import RunnableConfig
@@ -333,6 +329,23 @@ def test_an_interrupt_saved_before_its_checkpoint_is_filed_when_the_checkpoint_l
     assert approval.checkpoint.metadata["lg_id"] == checkpoint["id"]
 
 
+class WatchedLock:
+    """A lock that tells when a thread had to wait for it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.contended = threading.Event()
+
+    def __enter__(self) -> WatchedLock:
+        if not self.lock.acquire(blocking=False):
+            self.contended.set()
+            self.lock.acquire()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
 def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypatch: pytest.MonkeyPatch) -> None:
     # put_writes() looks for the checkpoint's row just before put() commits it, and notes the
     # interrupt for put() to file a moment after put() has looked for notes: it must not be lost.
@@ -343,7 +356,8 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
     after_first: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": first["id"]}}
     checkpoint = empty_checkpoint()
     at: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
-    looked, committed = threading.Event(), threading.Event()
+    looked = threading.Event()
+    notes = WatchedLock()
     real_row_of, real_append = langgraph_saver._row_of, store.append_checkpoint
     intercepted: list[bool] = []
 
@@ -352,16 +366,15 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
         if lg_id == checkpoint["id"] and not intercepted:
             intercepted.append(found is None)
             looked.set()
-            committed.wait(10)
-            time.sleep(0.3)  # put() goes on meanwhile
+            # put() has committed the row and waits to look for notes while this one is being taken.
+            assert notes.contended.wait(10), "put() never came to look for notes"
         return found
 
     def append_checkpoint(**kwargs: Any) -> Checkpoint:
         looked.wait(10)
-        written = real_append(**kwargs)
-        committed.set()
-        return written
+        return real_append(**kwargs)
 
+    monkeypatch.setattr(saver, "_unfiled_lock", notes)
     monkeypatch.setattr(langgraph_saver, "_row_of", row_of)
     monkeypatch.setattr(store, "append_checkpoint", append_checkpoint)
     interrupt = (Interrupt(value={"action": "deploy", "args": {"env": "prod"}}, id="1" * 32),)
@@ -396,3 +409,9 @@ def test_a_graph_run_by_an_attempt_that_lost_its_run_writes_nothing(rita: User) 
     with pytest.raises(LeaseLost):
         expired.invoke(resume, config)
     assert Checkpoint.objects.filter(thread=thread).count() == written
+
+
+def test_a_graphs_thread_records_its_framework_for_the_badge() -> None:
+    _, _, thread = ask("Which fare?")
+
+    assert thread.metadata["framework"] == "langgraph"

@@ -8,12 +8,10 @@ from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import langgraph.checkpoint.conformance as conformance
 import pytest
 
-pytest.importorskip("langgraph")
-conformance = pytest.importorskip("langgraph.checkpoint.conformance")
-
-from integrations.langgraph.saver import QuicksaveSaver  # noqa: E402
+from integrations.langgraph.saver import QuicksaveSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,9 +8,6 @@ from collections.abc import Sequence
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langchain_core.runnables import RunnableConfig
 from langgraph.channels.delta import DeltaChannel
 from langgraph.checkpoint.base import BaseCheckpointSaver

@@ -12,11 +12,8 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, TypedDict
 from urllib.parse import quote
 
-import pytest
-
-pytest.importorskip("langgraph.checkpoint.postgres")
-
 import psycopg
+import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import CommandError

@@ -18,9 +18,6 @@ import weakref
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langgraph.graph import END, START, StateGraph
 from langgraph.pregel._loop import AsyncPregelLoop, SyncPregelLoop
 from langgraph.pregel._runner import PregelRunner

@@ -10,9 +10,6 @@ import sys
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from django.db import connection, transaction
 from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig

@@ -7,9 +7,6 @@ import operator
 from typing import Annotated, Any, TypedDict
 
 import pytest
-
-pytest.importorskip("langgraph")
-
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.memory import InMemorySaver

@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.utils.module_loading import import_string
 
 from agents import tool_calls
-from agents.demo import DEMOS, FILES, CodeReviewAgent, MigrationAgent, TravelAgent
+from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent, seeders
 from agents.runtime import start_thread
-from agents.worker import Worker
+from agents.worker import Worker, load_agent_modules
 from checkpoints.models import Checkpoint, Thread
 
 
@@ -32,11 +31,8 @@ class Command(BaseCommand):
             start_thread(agent_class=MigrationAgent, external_id="demo-migration-orders"),
             _review_whose_worker_died(),
         ]
-        for path in DEMOS:  # the framework integrations' demos, each with its framework installed
-            try:
-                started.append(import_string(path)())
-            except ImportError as exc:
-                self.stdout.write(f"Skipped the demo {path}: {exc}")
+        load_agent_modules()  # the agent modules' own demos (an integration's) register as they load
+        started += [seed() for seed in seeders()]
         self.stdout.write(f"Demo threads: {', '.join(thread.external_id or str(thread.pk) for thread in started)}")
         if options["no_run"]:
             return

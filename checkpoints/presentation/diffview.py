@@ -1,5 +1,7 @@
 """How the dashboard shows a state and the change between two states: the checkpoint page's
-collapsible tree and the diff page's items. Pure functions over JSON values, no database.
+collapsible tree, the diff page's items and its picker, as plain data for the templates
+(templates/checkpoints/_state_tree.html, _word_diff.html, _picker_options.html, which do all
+markup and escaping). Pure functions over JSON values, no database.
 
 Everything here is bounded by what it displays, not by the size of the state: a diff
 costs O(size of the change) and a page never renders more than its budgets allow.
@@ -11,10 +13,7 @@ import difflib
 import json
 import re
 from dataclasses import dataclass, field
-from html import escape
 from typing import Any, Literal
-
-from django.utils.safestring import SafeString, mark_safe
 
 from checkpoints.jsonpatch import PatchError, format_pointer, parse_pointer
 
@@ -118,6 +117,10 @@ class Segment:
     text: str = ""
     # For "elided": how many characters were left out.
     skipped: int = 0
+
+    @property
+    def skipped_text(self) -> str:
+        return f"{self.skipped:,}"
 
 
 def word_diff(old: str, new: str) -> list[Segment]:
@@ -246,27 +249,6 @@ def _segments(runs: list[tuple[SegmentOp, str]]) -> list[Segment]:
     return segments
 
 
-def segments_html(segments: list[Segment], *, side: Literal["both", "base", "target"] = "both") -> SafeString:
-    """Render a word diff: <del> and <ins> marks, every piece of text escaped.
-
-    `side` keeps only what the base (deletions) or the target (insertions) has, for the split view.
-    """
-    parts: list[str] = []
-    for segment in segments:
-        if segment.op == "equal":
-            parts.append(escape(segment.text))
-        elif segment.op == "elided":
-            parts.append(
-                f'<span class="elided" title="{segment.skipped:,} characters not shown">'
-                f"…{segment.skipped:,} characters…</span>"
-            )
-        elif segment.op == "delete" and side != "target":
-            parts.append(f"<del>{escape(segment.text)}</del>")
-        elif segment.op == "insert" and side != "base":
-            parts.append(f"<ins>{escape(segment.text)}</ins>")
-    return mark_safe("".join(parts))  # noqa: S308 -- every piece of text above is escaped
-
-
 # --------------------------------------------------------------------------- diff items
 
 
@@ -312,18 +294,6 @@ class DiffItem:
     @property
     def more_values(self) -> int:
         return self.count - len(self.values)
-
-    @property
-    def inline_html(self) -> SafeString:
-        return segments_html(self.segments or [])
-
-    @property
-    def base_html(self) -> SafeString:
-        return segments_html(self.segments or [], side="base")
-
-    @property
-    def target_html(self) -> SafeString:
-        return segments_html(self.segments or [], side="target")
 
 
 @dataclass(slots=True)
@@ -518,17 +488,19 @@ class PickerOption:
     text: str
 
 
-def options_html(groups: list[tuple[str, list[PickerOption]]], *, selected: Any) -> SafeString:
-    """<optgroup>s of <option>s for one picker select, built here because a template loop over
-    hundreds of options per select would cost more than the rest of the page."""
-    parts: list[str] = []
-    for branch, options in groups:
-        parts.append(f'<optgroup label="{escape(branch)}">')
-        for option in options:
-            mark = " selected" if option.id == selected else ""
-            parts.append(f'<option value="{escape(str(option.id))}"{mark}>{escape(option.text)}</option>')
-        parts.append("</optgroup>")
-    return mark_safe("".join(parts))  # noqa: S308 -- branch names, ids and labels are escaped
+def picker_groups(groups: list[tuple[str, list[PickerOption]]], *, selected: Any) -> list[dict[str, Any]]:
+    """One select's <optgroup>s and <option>s (templates/checkpoints/_picker_options.html), with
+    `selected` marked. Dicts, not the dataclass: the template engine tries a key before an
+    attribute, and a select may offer hundreds of options."""
+    return [
+        {
+            "branch": branch,
+            "options": [
+                {"value": str(option.id), "text": option.text, "selected": option.id == selected} for option in options
+            ],
+        }
+        for branch, options in groups
+    ]
 
 
 # --------------------------------------------------------------------------- state tree
@@ -538,86 +510,92 @@ class _TooLarge(Exception):
     """Internal: the tree passed its node budget."""
 
 
-def render_tree(state: Any, *, max_nodes: int = TREE_NODES) -> SafeString | None:
-    """The state as nested lists of <details>, each node with a copy-path button.
+def state_tree(state: Any, *, max_nodes: int = TREE_NODES) -> list[dict[str, Any]] | None:
+    """The state as the checkpoint page's collapsible tree (templates/checkpoints/_state_tree.html),
+    flattened in document order: a container opens (`children`), its nodes follow, and a `close`
+    entry ends it, so one template loop draws any depth without a recursive include per node.
 
     Returns None when the state has more than `max_nodes` nodes: the page then shows
     raw JSON only, so a huge state never costs a huge render.
     """
-    parts: list[str] = ['<ul class="json-root">']
+    nodes: list[dict[str, Any]] = []
     counter = [0]
     try:
         if isinstance(state, dict):
             for key, value in state.items():
-                _tree_node(parts, counter, max_nodes, key, "/" + _escape_token(key), value, 1, False)
+                _tree_node(nodes, counter, max_nodes, key, "/" + _escape_token(key), value, 1, False)
         elif isinstance(state, list):
             for index, value in enumerate(state):
-                _tree_node(parts, counter, max_nodes, str(index), f"/{index}", value, 1, True)
+                _tree_node(nodes, counter, max_nodes, str(index), f"/{index}", value, 1, True)
         else:
-            parts.append(f"<li>{_scalar_html(state)}</li>")
+            nodes.append({"root": True, **_scalar(state)})
     except _TooLarge:
         return None
-    parts.append("</ul>")
-    return mark_safe("".join(parts))  # noqa: S308 -- keys, paths and values are escaped in _tree_node
+    return nodes
+
+
+_CLOSE = {"close": True}
 
 
 def _tree_node(
-    parts: list[str], counter: list[int], max_nodes: int, key: str, path: str, value: Any, depth: int, index: bool
+    nodes: list[dict[str, Any]],
+    counter: list[int],
+    max_nodes: int,
+    key: str,
+    path: str,
+    value: Any,
+    depth: int,
+    index: bool,
 ) -> None:
     counter[0] += 1
     if counter[0] > max_nodes:
         raise _TooLarge
-    key_html = (
-        f'<span class="{"json-index" if index else "json-key"}">{escape(key)}</span><span class="json-colon">: </span>'
-    )
-    copy = (
-        f'<button type="button" class="copy-path" data-path="{escape(path)}" '
-        f'aria-label="Copy path {escape(path)}">copy path</button>'
-    )
+    node: dict[str, Any] = {"key": key, "key_class": "json-index" if index else "json-key", "path": path}
     is_dict, is_list = isinstance(value, dict), isinstance(value, list)
     if (is_dict or is_list) and value:
         if is_dict:
-            meta = f"{{{len(value):,} {'key' if len(value) == 1 else 'keys'}}}"
+            node["meta"] = f"{{{len(value):,} {'key' if len(value) == 1 else 'keys'}}}"
         else:
-            meta = f"[{len(value):,} {'item' if len(value) == 1 else 'items'}]"
-        is_open = depth <= TREE_OPEN_DEPTH and not (is_list and len(value) > TREE_LONG_ARRAY)
-        parts.append(
-            f"<li><details{' open' if is_open else ''}><summary>{key_html}"
-            f'<span class="json-meta">{meta}</span>{copy}</summary><ul>'
-        )
+            node["meta"] = f"[{len(value):,} {'item' if len(value) == 1 else 'items'}]"
+        node["children"] = True
+        node["open"] = depth <= TREE_OPEN_DEPTH and not (is_list and len(value) > TREE_LONG_ARRAY)
+        nodes.append(node)
         if is_dict:
             for child_key, child in value.items():
                 _tree_node(
-                    parts, counter, max_nodes, child_key, f"{path}/{_escape_token(child_key)}", child, depth + 1, False
+                    nodes, counter, max_nodes, child_key, f"{path}/{_escape_token(child_key)}", child, depth + 1, False
                 )
         else:
             for child_index, child in enumerate(value):
-                _tree_node(parts, counter, max_nodes, str(child_index), f"{path}/{child_index}", child, depth + 1, True)
-        parts.append("</ul></details></li>")
+                _tree_node(nodes, counter, max_nodes, str(child_index), f"{path}/{child_index}", child, depth + 1, True)
+        nodes.append(_CLOSE)
     else:
-        parts.append(f'<li class="leaf">{key_html}{_scalar_html(value)}{copy}</li>')
+        node.update(_scalar(value))
+        nodes.append(node)
 
 
-def _scalar_html(value: Any) -> str:
+def _scalar(value: Any) -> dict[str, Any]:
+    """How a leaf shows: its CSS class and text; a string's quotes are the template's, and a cut
+    string has no closing quote but a count of the characters left out."""
     if isinstance(value, str):
         if len(value) > TREE_STRING_CHARS:
-            rest = len(value) - TREE_STRING_CHARS
-            return (
-                f'<span class="json-string">"{escape(value[:TREE_STRING_CHARS])}</span>'
-                f'<span class="json-more">… {rest:,} more characters (see raw JSON)</span>'
-            )
-        return f'<span class="json-string">"{escape(value)}"</span>'
+            return {
+                "kind": "json-string",
+                "text": value[:TREE_STRING_CHARS],
+                "more": f"{len(value) - TREE_STRING_CHARS:,}",
+            }
+        return {"kind": "json-string", "text": value, "closed": True}
     if value is None:
-        return '<span class="json-null">null</span>'
+        return {"kind": "json-null", "text": "null"}
     if isinstance(value, bool):
-        return f'<span class="json-boolean">{"true" if value else "false"}</span>'
+        return {"kind": "json-boolean", "text": "true" if value else "false"}
     if isinstance(value, (int, float)):
-        return f'<span class="json-number">{escape(json.dumps(value))}</span>'
+        return {"kind": "json-number", "text": json.dumps(value)}
     if isinstance(value, dict):
-        return '<span class="json-meta">{}</span>'
+        return {"kind": "json-meta", "text": "{}"}
     if isinstance(value, list):
-        return '<span class="json-meta">[]</span>'
-    return escape(repr(value))
+        return {"kind": "json-meta", "text": "[]"}
+    return {"kind": "", "text": repr(value)}
 
 
 def _escape_token(token: str) -> str:

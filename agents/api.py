@@ -24,7 +24,7 @@ from approvals.serializers import ApprovalSchemaSerializer, approval_data
 from approvals.services import file_in_doubt
 from checkpoints.access import check_can_write, get_thread_for
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.tools import MAX_KEY_LENGTH
+from checkpoints.storage.tool_results import MAX_KEY_LENGTH
 from quicksave.api import FenceField, FiniteFloatField, StrictSerializer
 from quicksave.errors import DomainError
 

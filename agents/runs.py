@@ -22,7 +22,7 @@ from psycopg.conninfo import make_conninfo
 from agents.fencing import Fence, LeaseLost
 from agents.models import Agent, Run, RunReason, RunStatus
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.store import record_event
+from checkpoints.storage import record_event
 from quicksave.errors import DomainError
 
 CHANNEL = "quicksave_runs"

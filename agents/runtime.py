@@ -34,10 +34,10 @@ from agents.keys import get_or_create_agent
 from agents.models import Run, RunReason, ToolCall
 from agents.runs import enqueue_run
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
-from checkpoints import store
-from checkpoints.errors import StaleParent
+from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
-from checkpoints.tools import tool_key
+from checkpoints.storage.errors import StaleParent
+from checkpoints.storage.tool_results import tool_key
 
 log = logging.getLogger(__name__)
 
@@ -239,10 +239,10 @@ def start_thread(*, agent_class: type[Agent], external_id: str | None = None, **
         record.action_schemas = agent_class.action_schemas
         record.save(update_fields=["action_schemas"])
     with transaction.atomic():
-        thread, created = store.create_thread(agent=record, external_id=external_id, metadata={"inputs": inputs})
+        thread, created = storage.create_thread(agent=record, external_id=external_id, metadata={"inputs": inputs})
         if not created:
             return thread
-        first = store.append_checkpoint(thread=thread, parent=None, state=agent.initial_state(**inputs), step=0,
+        first = storage.append_checkpoint(thread=thread, parent=None, state=agent.initial_state(**inputs), step=0,
                                         label="start", schema_version=agent_class.schema_version)  # fmt: skip
         enqueue_run(thread=thread, checkpoint=first, reason=RunReason.START)
     return thread
@@ -285,7 +285,7 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
             finished = _FINISHED.get(latest.status)
             if finished is not None:
                 return finished
-    state = agent.upcast(store.state_at(start, hot=True), start.schema_version)
+    state = agent.upcast(storage.state_at(start, hot=True), start.schema_version)
     ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0, fence=fence,
                   lease_held=lease_held or (lambda: True))  # fmt: skip
     # The step a decision resumes began at the checkpoint before the one that waited for it:
@@ -403,7 +403,7 @@ def _commit(ctx: Context, result: StepResult) -> None:
     elif isinstance(result, Fail):
         status = CheckpointStatus.FAILED
         metadata = {"error": result.reason[:2000]}
-    checkpoint = store.append_checkpoint(
+    checkpoint = storage.append_checkpoint(
         thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number, label=result.label,
         status=status, metadata=metadata, schema_version=ctx.agent.schema_version, fence=ctx.fence,
     )  # fmt: skip
@@ -416,7 +416,7 @@ def _suspend(ctx: Context, needed: _ApprovalNeeded) -> None:
 
     with transaction.atomic():
         ctx.step_number += 1
-        checkpoint = store.append_checkpoint(
+        checkpoint = storage.append_checkpoint(
             thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number,
             label=f"approval: {needed.action}", status=CheckpointStatus.WAITING_FOR_APPROVAL,
             schema_version=ctx.agent.schema_version, fence=ctx.fence,

@@ -36,10 +36,10 @@ from django.utils import timezone
 from agents import fencing
 from agents.fencing import Fence
 from agents.models import ToolCall, ToolCallState
-from checkpoints import codec, crypto
-from checkpoints.errors import InvalidState
 from checkpoints.fields import associated_data
-from checkpoints.tools import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, tool_key, valid_key
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.errors import InvalidState
+from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, tool_key, valid_key
 from quicksave.errors import DomainError
 
 
@@ -97,7 +97,7 @@ _INTENT_SQL = f"""
 INSERT INTO agents_toolcall (thread_id, key, tool, args_digest, args, idempotent, state, run_id, attempt, starts,
                              started_at)
 SELECT %(thread_id)s::uuid, %(key)s, %(tool)s, %(digest)s, %(args)s, %(idempotent)s, 'pending',
-       %(fence_run)s::uuid, %(fence_attempt)s, 1, %(now)s
+       %(fence_run)s::uuid, %(fence_attempt)s::bigint, 1, %(now)s
 WHERE {fencing.SQL}
 ON CONFLICT (thread_id, key) DO NOTHING
 RETURNING id
@@ -105,7 +105,7 @@ RETURNING id
 
 # Start a call again: an idempotent one found pending, or one a person said did not happen.
 _RESTART_SQL = f"""
-UPDATE agents_toolcall SET state = 'pending', run_id = %(fence_run)s::uuid, attempt = %(fence_attempt)s,
+UPDATE agents_toolcall SET state = 'pending', run_id = %(fence_run)s::uuid, attempt = %(fence_attempt)s::bigint,
                            starts = starts + 1, started_at = %(now)s
 WHERE id = %(id)s AND state = %(from_state)s AND {fencing.SQL}
 RETURNING id
@@ -183,7 +183,7 @@ def begin(
 _RESULT_SQL = f"""
 UPDATE agents_toolcall SET state = 'done', result = %(result)s, finished_at = %(now)s
 WHERE thread_id = %(thread_id)s::uuid AND key = %(key)s AND state = 'pending'
-  AND run_id IS NOT DISTINCT FROM %(fence_run)s::uuid AND attempt IS NOT DISTINCT FROM %(fence_attempt)s
+  AND run_id IS NOT DISTINCT FROM %(fence_run)s::uuid AND attempt IS NOT DISTINCT FROM %(fence_attempt)s::bigint
   AND {fencing.SQL}
 RETURNING id
 """

@@ -23,9 +23,8 @@ from agents.models import Agent, RunReason, ToolCall
 from agents.runs import enqueue_run
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
 from audit import trail
-from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
-from checkpoints.store import record_event, set_thread_status
+from checkpoints.storage import codec, record_event, set_thread_status
 from quicksave.errors import DomainError
 
 APPROVE = "approve"

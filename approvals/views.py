@@ -18,12 +18,12 @@ from django.utils import timezone
 from approvals import services
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from audit.trail import client_address
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.access import visible_threads
-from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint
 from checkpoints.presentation import diffview
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.jsonpatch import make_patch
 from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
 from quicksave.forms import PageLinkField, invalid_filters, page_queries
@@ -187,8 +187,8 @@ def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:
         .first()
     )
     try:
-        target = store.load_node(approval.checkpoint_id).state
-        base = store.load_node(base_id).state if base_id else {}
+        target = storage.load_node(approval.checkpoint_id).state
+        base = storage.load_node(base_id).state if base_id else {}
     except IntegrityFailure as exc:
         return {"integrity_error": exc.message}
     return {

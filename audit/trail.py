@@ -23,9 +23,9 @@ from django.contrib.auth.models import User
 from django.http import HttpRequest
 
 from audit.models import AuditEntry
-from checkpoints import codec, crypto
 from checkpoints.fields import associated_data
 from checkpoints.models import Thread
+from checkpoints.storage import codec, crypto
 
 # The key under which an entry's before/after holds its sealed values:
 # {"thread": id, "keys": [names], "box": base64 of the sealed JSON object of those values}, or,

@@ -70,7 +70,7 @@ def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: i
     """A thread whose main branch has `steps` checkpoints, each appending one message of about
     `message_bytes` to the state, and optionally a fork of `fork_steps` from main's #`fork_at`."""
     from agents.keys import get_or_create_agent
-    from checkpoints import store
+    from checkpoints import storage
     from checkpoints.models import Checkpoint, Thread
 
     agent = get_or_create_agent(name=AGENT)
@@ -79,15 +79,15 @@ def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: i
         if _thread_head_seq(existing) == steps:
             return existing
         _drop_thread(existing.pk)
-    thread, _ = store.create_thread(agent=agent, external_id=external_id, metadata={"bench": "dashboard"})
+    thread, _ = storage.create_thread(agent=agent, external_id=external_id, metadata={"bench": "dashboard"})
     started = time.perf_counter()
     labels = ("plan", "search", "call_tool", "summarise")
     filler = "x" * message_bytes
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0},
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0},
                                      step=0, label="start", model={"name": "bench-model", "version": "1"})  # fmt: skip
     fork_point: Checkpoint | None = parent if fork_at == 1 else None
     for i in range(1, steps):
-        parent = store.append_checkpoint(
+        parent = storage.append_checkpoint(
             thread=thread, parent=parent, step=i, label=labels[i % len(labels)],
             model={"name": "bench-model", "version": "1"},
             patch=[{"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": f"{i} {filler}"}},
@@ -98,10 +98,10 @@ def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: i
         if steps >= 2000 and i % 2000 == 0:
             print(f"  {external_id}: {i:,} of {steps:,} checkpoints", flush=True)
     if fork_point is not None and fork_steps:
-        store.start_branch(thread=thread, at=fork_point, name="retry")
+        storage.start_branch(thread=thread, at=fork_point, name="retry")
         forked = fork_point
         for i in range(fork_steps):
-            forked = store.append_checkpoint(thread=thread, parent=forked, branch="retry", label="retry",
+            forked = storage.append_checkpoint(thread=thread, parent=forked, branch="retry", label="retry",
                                              patch=[{"op": "replace", "path": "/step", "value": -i}])  # fmt: skip
     print(f"  built {external_id}: {steps:,} checkpoints in {time.perf_counter() - started:.1f} s", flush=True)
     thread.refresh_from_db()
@@ -144,7 +144,7 @@ def viewer_client() -> Any:
 
 def run(*, repeats: int, long: int) -> dict[str, Any]:
     setup_django()
-    from checkpoints import store
+    from checkpoints import storage
     from checkpoints.models import Checkpoint
 
     print("Building threads in the bench database (reused when an earlier run left them complete)…", flush=True)
@@ -167,7 +167,7 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
     state_kb = Checkpoint.objects.filter(pk=target).values_list("state_bytes", flat=True).get() / 1024
     diff_url = f"/checkpoints/{target}/diff/?base={base}"
     # Cold: a process that has not read these states yet materialises both from storage.
-    (diff_cold,) = median_get_ms(client, [diff_url], repeats, before_each=store.clear_caches)
+    (diff_cold,) = median_get_ms(client, [diff_url], repeats, before_each=storage.clear_caches)
     (diff_warm,) = median_get_ms(client, [diff_url], repeats)
 
     ratio = long_ms / short_ms

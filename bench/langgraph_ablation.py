@@ -60,7 +60,7 @@ def _no_encryption(stack: contextlib.ExitStack[Any]) -> None:
 
 
 def _no_compression(stack: contextlib.ExitStack[Any]) -> None:
-    from checkpoints import codec
+    from checkpoints.storage import codec
 
     stack.enter_context(mock.patch.object(codec, "COMPRESS_FROM", sys.maxsize))
 

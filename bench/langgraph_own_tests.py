@@ -103,7 +103,7 @@ def quicksave_db():
     django.setup()
     from django.db import connection, connections
 
-    from checkpoints import lent_connection
+    from checkpoints.storage import lent_connection
 
     old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, keepdb=False)
     yield
@@ -117,10 +117,10 @@ def quicksave_db():
 
 def _quicksave(request):
     request.getfixturevalue("quicksave_db")
-    from checkpoints import store
+    from checkpoints import storage
     from integrations.langgraph.saver import QuicksaveSaver
 
-    store.clear_caches()
+    storage.clear_caches()
     # A new Quicksave agent per test: LangGraph's tests reuse thread ids from test to test. Not
     # named by uuid.uuid4(), which tests with `deterministic_uuids` count the calls of.
     return QuicksaveSaver(agent=f"lg-{secrets.token_hex(8)}")

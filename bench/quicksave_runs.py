@@ -81,9 +81,9 @@ def _reset() -> Any:
     from django.db import connection
 
     from agents.keys import get_or_create_agent
-    from checkpoints import store
+    from checkpoints import storage
 
-    store.clear_caches()
+    storage.clear_caches()
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)}, checkpoints_toolresult CASCADE")
     return get_or_create_agent(name="bench")
@@ -103,18 +103,19 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
     """Latest-state, random state-at and history timings, each from a cold cache like a fresh reader."""
     from django.test import override_settings
 
-    from checkpoints import crypto, hotcache, selectors, store
+    from checkpoints import selectors, storage
+    from checkpoints.storage import crypto, hotcache
 
     work = list(workload(steps))
 
     def latest() -> dict[str, Any]:
-        store.clear_caches()
+        storage.clear_caches()
         crypto.forget_keys()
-        return store.latest_state(thread=thread)[1]
+        return storage.latest_state(thread=thread)[1]
 
     with override_settings(QUICKSAVE_HOT_TTL_SECONDS=0):  # from PostgreSQL alone: no Redis
         # The first read is the truly cold one: it replays the deltas since the last snapshot and
-        # saves the head's state as the branch's materialised head (store._materialise_head).
+        # saves the head's state as the branch's materialised head (storage._materialise_head).
         # The median that follows reads the same head again, so it measures reading that saved
         # state: it helps only a head read more than once, which this repetition favours.
         started = time.perf_counter()
@@ -123,16 +124,16 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
         assert state["step"] == steps and len(state["messages"]) == steps
         assert state["messages"][-1] == work[-1].message and state["facts"] == work[-1].facts
         latest_ms = median_ms(latest, READS)
-    store.latest_state(thread=thread)
-    warm_ms = median_ms(lambda: store.latest_state(thread=thread), READS)
+    storage.latest_state(thread=thread)
+    warm_ms = median_ms(lambda: storage.latest_state(thread=thread), READS)
     hot: dict[str, Any] = {}
     if hotcache.enabled():
         # A process that has materialised nothing, with the head's state in Redis (the first
         # read put it there): what every other server process and a restarted one see.
         def latest_hot() -> dict[str, Any]:
-            store.clear_caches()
+            storage.clear_caches()
             crypto.forget_keys()
-            return store.latest_state(thread=thread)[1]
+            return storage.latest_state(thread=thread)[1]
 
         assert latest_hot() == state
         hot["latest_read_hot_ms"] = round(median_ms(latest_hot, READS), 3)
@@ -142,10 +143,10 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
     samples = []
     for _ in range(READS):
         k = rng.randint(1, steps - 1)
-        store.clear_caches()
+        storage.clear_caches()
         crypto.forget_keys()
         started = time.perf_counter()
-        at = store.state_at(written[k])
+        at = storage.state_at(written[k])
         samples.append((time.perf_counter() - started) * 1000)
         assert at["step"] == k and len(at["messages"]) == k and at["facts"] == work[k - 1].facts
 
@@ -160,20 +161,20 @@ def _reads(thread: Any, written: list[Any], steps: int, name: str, cps: float, t
 
 
 def run_store(steps: int, *, full_state: bool, encrypted: bool = False) -> Result:
-    """Write the workload through `store.append_checkpoint`, by patch or by full state, into a
+    """Write the workload through `storage.append_checkpoint`, by patch or by full state, into a
     thread with a data key (every payload sealed with AES-256-GCM) or without one."""
     setup_django()
     from django.test import override_settings
 
-    from checkpoints import store
+    from checkpoints import storage
     from checkpoints.models import Checkpoint, PayloadKind
 
     agent = _reset()
     with override_settings(QUICKSAVE_ENCRYPT=encrypted):
-        thread, _ = store.create_thread(agent=agent)
+        thread, _ = storage.create_thread(agent=agent)
     work = list(workload(steps))
     state: dict[str, Any] = {"messages": [], "step": 0, "facts": {}}
-    parent = store.append_checkpoint(thread=thread, parent=None, state=state, step=0)
+    parent = storage.append_checkpoint(thread=thread, parent=None, state=state, step=0)
     written = [parent]
     gc.collect()
     stamps: list[float] = []
@@ -182,14 +183,14 @@ def run_store(steps: int, *, full_state: bool, encrypted: bool = False) -> Resul
         if full_state:
             state["messages"].append(s.message)  # the agent's own state object, as an agent would keep it
             state = {"messages": state["messages"], "step": s.step, "facts": s.facts}
-            parent = store.append_checkpoint(thread=thread, parent=parent, state=state, step=s.step)
+            parent = storage.append_checkpoint(thread=thread, parent=parent, state=state, step=s.step)
         else:
             ops: list[dict[str, Any]] = [
                 {"op": "add", "path": "/messages/-", "value": s.message},
                 {"op": "replace", "path": "/step", "value": s.step},
                 {"op": "replace", "path": "/facts", "value": s.facts},
             ]
-            parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=s.step)
+            parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=s.step)
         written.append(parent)
         stamps.append(time.perf_counter())
     cps = steps / (stamps[-1] - t0)

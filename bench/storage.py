@@ -67,7 +67,7 @@ def run(steps: int, *, offload: bool, blob_dir: Path) -> tuple[dict[str, Any], A
     from django.test import override_settings
 
     from agents.keys import get_or_create_agent
-    from checkpoints import store
+    from checkpoints import storage
 
     overrides: dict[str, Any] = {
         # Ten 2 MB attachments make a 20 MB state: above the default 16 MiB limit on purpose.
@@ -82,12 +82,12 @@ def run(steps: int, *, offload: bool, blob_dir: Path) -> tuple[dict[str, Any], A
         },
     }
     with override_settings(**overrides):
-        store.clear_caches()
+        storage.clear_caches()
         with connection.cursor() as cursor:
             cursor.execute(f"TRUNCATE {', '.join(TABLES)}, checkpoints_blob, checkpoints_toolresult CASCADE")
         agent = get_or_create_agent(name="bench-storage")
-        thread, _ = store.create_thread(agent=agent)
-        head = store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "files": {}}, step=0)
+        thread, _ = storage.create_thread(agent=agent)
+        head = storage.append_checkpoint(thread=thread, parent=None, state={"messages": [], "files": {}}, step=0)
         rng = random.Random(7)
         started = time.perf_counter()
         for item in workload(steps):
@@ -99,7 +99,7 @@ def run(steps: int, *, offload: bool, blob_dir: Path) -> tuple[dict[str, Any], A
             ]
             if item.step % ATTACH_EVERY == 0:
                 ops.append({"op": "add", "path": f"/files/report-{item.step}.txt", "value": attachment(rng)})
-            head = store.append_checkpoint(thread=thread, parent=head, patch=ops, step=item.step)
+            head = storage.append_checkpoint(thread=thread, parent=head, patch=ops, step=item.step)
         elapsed = time.perf_counter() - started
         figures = {"pg_bytes": pg_bytes(), "blob_bytes": dir_bytes(blob_dir), "cps": steps / elapsed}
         return figures, thread
@@ -108,7 +108,8 @@ def run(steps: int, *, offload: bool, blob_dir: Path) -> tuple[dict[str, Any], A
 def reads(thread: Any, blob_dir: Path) -> dict[str, float]:
     from django.test import override_settings
 
-    from checkpoints import crypto, hotcache, store
+    from checkpoints import storage
+    from checkpoints.storage import crypto, hotcache
 
     storages = {
         "quicksave_blobs": {
@@ -119,9 +120,9 @@ def reads(thread: Any, blob_dir: Path) -> dict[str, float]:
     }
 
     def latest() -> dict[str, Any]:
-        store.clear_caches()
+        storage.clear_caches()
         crypto.forget_keys()
-        return store.latest_state(thread=thread)[1]
+        return storage.latest_state(thread=thread)[1]
 
     out: dict[str, float] = {}
     with override_settings(STORAGES=storages, QUICKSAVE_MAX_STATE_BYTES=64 * 1024 * 1024):

@@ -12,6 +12,7 @@ from rest_framework.exceptions import PermissionDenied
 
 from agents.auth import AgentPrincipal
 from checkpoints.models import Checkpoint, Thread
+from checkpoints.storage.lru import LRU
 
 
 def visible_threads(principal: Any) -> QuerySet[Thread]:
@@ -46,7 +47,7 @@ def get_checkpoint_for(principal: Any, checkpoint_id: Any) -> Checkpoint:
 
 # A thread's agent never changes, so which agent owns a thread is remembered per
 # process: an agent writing a checkpoint then costs no lookup before the write.
-_owners: dict[Any, int] = {}
+_owners: LRU[Any, int] = LRU(100_000)
 
 
 def thread_for_write(principal: Any, thread_id: Any) -> Thread:
@@ -57,9 +58,7 @@ def thread_for_write(principal: Any, thread_id: Any) -> Thread:
             owner = Thread.objects.filter(pk=thread_id).values_list("agent_id", flat=True).first()
             if owner is None:
                 raise Http404(f"Thread {thread_id} does not exist.")
-            if len(_owners) > 100_000:
-                _owners.clear()
-            _owners[thread_id] = owner
+            _owners.remember(thread_id, owner)  # not a thread a rollback is about to take back
         thread = Thread(pk=thread_id, agent_id=owner)
     else:
         thread = get_thread_for(principal, thread_id)

@@ -20,7 +20,7 @@ from rest_framework.views import APIView
 from agents.auth import AgentPrincipal
 from agents.models import Agent, Run
 from audit.trail import client_address
-from checkpoints import export, forks, selectors, store
+from checkpoints import export, forks, selectors, storage
 from checkpoints.access import (
     check_can_cancel,
     check_can_delete,
@@ -51,7 +51,7 @@ from checkpoints.serializers import (
     checkpoint_summary,
     parse_checkpoint_body,
 )
-from checkpoints.tools import get_tool_result, put_tool_result
+from checkpoints.storage.tool_results import get_tool_result, put_tool_result
 from quicksave.api import CursorPage
 
 
@@ -97,7 +97,7 @@ class ThreadListView(APIView):
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
         agent = _agent_for_new_thread(request.user, data.get("agent"))
-        thread, created = store.create_thread(
+        thread, created = storage.create_thread(
             agent=agent, external_id=data.get("external_id"), metadata=data.get("metadata")
         )
         return Response(_thread_detail(thread.pk), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
@@ -202,7 +202,7 @@ class CheckpointListView(APIView):
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:
         thread = thread_for_write(request.user, thread_id)
         data = parse_checkpoint_body(request.data)
-        checkpoint = store.append_checkpoint(
+        checkpoint = storage.append_checkpoint(
             thread=thread,
             parent=data["parent"],
             state=data.get("state"),
@@ -217,7 +217,7 @@ class CheckpointListView(APIView):
             tool_results=data.get("tool_results") or None,
             fence=data["fence"],
         )
-        summary = checkpoint_summary(checkpoint, data.get("branch") or store.get_branch_name(checkpoint.branch_id))
+        summary = checkpoint_summary(checkpoint, data.get("branch") or storage.get_branch_name(checkpoint.branch_id))
         return Response(summary, status=status.HTTP_201_CREATED)
 
 
@@ -237,7 +237,7 @@ class CheckpointDetailView(APIView):
     @extend_schema(responses=CheckpointDetailSerializer)
     def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
         checkpoint = get_checkpoint_for(request.user, checkpoint_id)
-        node = store.load_node(checkpoint.pk)  # raises IntegrityFailure if a replayed row was altered
+        node = storage.load_node(checkpoint.pk)  # raises IntegrityFailure if a replayed row was altered
         detail = checkpoint_summary(checkpoint, checkpoint.branch.name)
         detail["state"] = node.state
         detail["integrity"] = {"status": "verified", "mac": bytes(checkpoint.integrity).hex()}
@@ -265,7 +265,7 @@ class CheckpointDiffView(APIView):
         base = get_checkpoint_for(request.user, base_id)
         if base.thread_id != target.thread_id:
             raise ValidationError({"base": "The base checkpoint must be in the same thread."})
-        patch = store.diff(base=base.pk, target=target.pk)
+        patch = storage.diff(base=base.pk, target=target.pk)
         return Response({"base": str(base.pk), "target": str(target.pk), "patch": patch})
 
 
@@ -314,7 +314,7 @@ class ForkView(APIView):
             checkpoint=source, user=user, reason=data["reason"], patch=data.get("patch"), branch=data.get("branch"),
             resume=data["resume"], carry_approval=data.get("carry_approval"), address=client_address(request),
         )  # fmt: skip
-        body = checkpoint_summary(created, store.get_branch_name(created.branch_id))
+        body = checkpoint_summary(created, storage.get_branch_name(created.branch_id))
         # Filtered by thread too: runs are indexed by thread, not by checkpoint.
         runs = Run.objects.filter(thread_id=created.thread_id, checkpoint_id=created.pk)
         run_id = runs.values_list("pk", flat=True).first()

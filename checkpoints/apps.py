@@ -8,6 +8,11 @@ class CheckpointsConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_out
 
+        from checkpoints.fields import use_sealer
+        from checkpoints.storage.crypto import JSONSealer
+
+        use_sealer(JSONSealer())
+
         from checkpoints.live import close_session_sockets
 
         # Django tells of a sign-out only through this signal, and there are several ways out (the

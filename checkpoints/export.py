@@ -28,7 +28,7 @@ first checkpoint; so memory stays flat however long the thread is.
 Import checks the whole file first and writes nothing if any line is wrong (the error
 names the line and the field; a line longer than `max_line_bytes()` is refused without
 reading the rest of it); then, in one transaction, creates the thread, its branches
-(`store.start_branch`) and its checkpoints (`store.append_checkpoint`, a stored
+(`storage.start_branch`) and its checkpoints (`storage.append_checkpoint`, a stored
 snapshot's `state` or a stored delta's `patch`), so this installation computes its own
 MACs, snapshots and encryption. Everything gets a new id: the store makes
 every id, and new ids cannot collide with rows already here. `created_at` is the time
@@ -50,10 +50,10 @@ from django.db.models import Count, Max
 from django.utils import timezone
 
 from agents.models import Agent
-from checkpoints import store
-from checkpoints.errors import IntegrityFailure, StoreError
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, PayloadKind, Thread
-from checkpoints.verify import mac_matches
+from checkpoints.storage.errors import IntegrityFailure, StoreError
+from checkpoints.storage.verify import mac_matches
 from quicksave.errors import DomainError
 from quicksave.jsontext import UnstorableText, loads_strict
 
@@ -121,7 +121,7 @@ def trajectory(thread: Thread, *, batch_size: int = BATCH_SIZE) -> Iterator[dict
         "type": "thread", "format": FORMAT, "version": VERSION, "id": str(thread.pk), "agent": thread.agent.name,
         "external_id": thread.external_id, "status": thread.status, "metadata": thread.metadata,
         "created_at": thread.created_at.isoformat(),
-        "active_branch": names.get(thread.active_branch_id or 0, store.MAIN_BRANCH),
+        "active_branch": names.get(thread.active_branch_id or 0, storage.MAIN_BRANCH),
         "branches": [{"name": branch.name, "fork_point": _str(branch.fork_point_id),
                       "checkpoints": extent.get(branch.id, (0, 0))[1]} for branch in branches],
         "checkpoints": total, "exported_at": timezone.now().isoformat(),
@@ -175,7 +175,7 @@ def _opened(row: Checkpoint, *, branch: str, previous: tuple[UUID, bytes] | None
             detail=detail,
         )
     try:
-        return store.decode_payload(row)
+        return storage.decode_payload(row)
     except ValueError as exc:
         raise IntegrityFailure(f"{where} has a payload that does not decode ({exc}).", detail=detail) from None
 
@@ -272,24 +272,17 @@ def import_thread(
                 line=1, field="agent",
             )  # fmt: skip
     file.seek(0)
-    thread_id: UUID | None = None
-    try:
-        with transaction.atomic():
-            thread, created = store.create_thread(
-                agent=agent, external_id=external_id or header.external_id, metadata=header.metadata
-            )
-            if not created:
-                raise InvalidTrajectory(
-                    f"agent '{agent.name}' already has thread {thread.pk} with external_id "
-                    f"'{thread.external_id}'; import under another external_id.",
-                    line=1, field="external_id",
-                )  # fmt: skip
-            thread_id = thread.pk
-            _write(thread, header, _records(file, header), progress)
-    except BaseException:
-        if thread_id is not None:  # the store cached branch ids that the rollback took away
-            store.forget_branches(thread_id)
-        raise
+    with transaction.atomic():
+        thread, created = storage.create_thread(
+            agent=agent, external_id=external_id or header.external_id, metadata=header.metadata
+        )
+        if not created:
+            raise InvalidTrajectory(
+                f"agent '{agent.name}' already has thread {thread.pk} with external_id "
+                f"'{thread.external_id}'; import under another external_id.",
+                line=1, field="external_id",
+            )  # fmt: skip
+        _write(thread, header, _records(file, header), progress)
     thread.refresh_from_db()
     return thread
 
@@ -298,13 +291,13 @@ def _write(
     thread: Thread, header: ThreadHeader, lines: Iterable[tuple[int, CheckpointLine]], progress: Progress | None
 ) -> None:
     forks = {branch.name: branch.fork_point for branch in header.branches}
-    opened = {store.MAIN_BRANCH}
+    opened = {storage.MAIN_BRANCH}
     new_ids: dict[UUID, UUID] = {}
 
     def open_branch(name: str) -> None:
         fork_point = forks[name]
         assert fork_point is not None  # check_file allows no other branch without one
-        branch = store.start_branch(thread=thread, at=new_ids[fork_point], name=name)
+        branch = storage.start_branch(thread=thread, at=new_ids[fork_point], name=name)
         opened.add(name)
         if name == header.active_branch:
             # Before the branch's first write, as forks do: the store moves the thread's
@@ -317,7 +310,7 @@ def _write(
         if line.branch not in opened:
             open_branch(line.branch)
         try:
-            written = store.append_checkpoint(
+            written = storage.append_checkpoint(
                 thread=thread, parent=new_ids[line.parent] if line.parent else None, state=line.state,
                 patch=line.patch, branch=line.branch, **line.fields,
             )  # fmt: skip
@@ -331,7 +324,7 @@ def _write(
         if branch.name not in opened:
             open_branch(branch.name)
     Thread.objects.filter(pk=thread.pk).update(status=header.status)
-    store.record_event(thread=thread, type="thread.imported", data={
+    storage.record_event(thread=thread, type="thread.imported", data={
         "agent": thread.agent.name, "source_thread": str(header.id), "checkpoints": done,
         "branches": len(header.branches), "status": header.status,
     })  # fmt: skip
@@ -457,7 +450,7 @@ def _thread_header(obj: dict[str, Any], number: int) -> ThreadHeader:
             fork_point=item.uuid("fork_point", null=True),
             checkpoints=item.integer("checkpoints", minimum=0),
         )
-        if index == 0 and (branch.name != store.MAIN_BRANCH or branch.fork_point is not None):
+        if index == 0 and (branch.name != storage.MAIN_BRANCH or branch.fork_point is not None):
             raise InvalidTrajectory("the first branch must be `main`, with no fork point.", line=number,
                                     field="branches[0]")  # fmt: skip
         if index > 0 and branch.fork_point is None:

@@ -1,11 +1,45 @@
-"""SealedJSONField: a JSON value stored encrypted under its thread's data key."""
+"""SealedJSONField: a JSON value stored encrypted under its thread's data key.
+
+The models import this module and the storage engine imports the models, so this module imports
+nothing of the engine: the engine's sealer is handed to it when the app is ready (`use_sealer`,
+called by CheckpointsConfig.ready)."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Protocol
 
+from django.core.exceptions import ImproperlyConfigured
 from django.db import models
+
+
+class Sealer(Protocol):
+    """Seals a JSON value bound to its row (associated data `ad`) and opens it again."""
+
+    failure: type[Exception]  # what `open` raises for a value that does not open
+
+    def seal(self, thread_id: Any, ad: bytes, value: Any) -> bytes: ...
+
+    def open(self, thread_id: Any, ad: bytes, blob: bytes) -> Any: ...
+
+
+_sealer: Sealer | None = None
+
+
+def use_sealer(sealer: Sealer) -> None:
+    global _sealer
+    _sealer = sealer
+
+
+def sealer() -> Sealer:
+    if _sealer is None:
+        raise ImproperlyConfigured("SealedJSONField has no sealer: is the checkpoints app installed?")
+    return _sealer
+
+
+def associated_data(name: str, *parts: Any) -> bytes:
+    """`table.column/part/part…` as bytes: what a sealed value is bound to."""
+    return "/".join([name, *(str(part) for part in parts)]).encode()
 
 
 class _Sealed:
@@ -69,18 +103,12 @@ class SealedJSONField(models.BinaryField):  # type: ignore[type-arg]  # not subs
         )
 
     def seal(self, instance: models.Model, value: Any) -> bytes:
-        from checkpoints import codec, crypto
-
-        framed = codec.encode(codec.to_canonical_bytes(value))
-        return crypto.seal(instance.thread_id, self.associated_data(instance), framed)  # type: ignore[attr-defined]
+        return sealer().seal(instance.thread_id, self.associated_data(instance), value)  # type: ignore[attr-defined]
 
     def open(self, instance: models.Model, blob: bytes | None) -> Any:
-        from checkpoints import codec, crypto
-
         if blob is None:
             return None
-        framed = crypto.unseal(instance.thread_id, self.associated_data(instance), blob)  # type: ignore[attr-defined]
-        return codec.decode(framed)
+        return sealer().open(instance.thread_id, self.associated_data(instance), blob)  # type: ignore[attr-defined]
 
     def pre_save(self, model_instance: models.Model, add: bool) -> Any:
         held: _Sealed | None = model_instance.__dict__.get(self.attname)
@@ -97,20 +125,13 @@ class SealedJSONField(models.BinaryField):  # type: ignore[type-arg]  # not subs
         return json.dumps(self.value_from_object(obj))
 
 
-def associated_data(name: str, *parts: Any) -> bytes:
-    """`table.column/part/part…` as bytes: what a sealed value is bound to."""
-    return "/".join([name, *(str(part) for part in parts)]).encode()
-
-
 def unreadable(instance: models.Model, *names: str) -> str:
     """Why the named sealed fields of `instance` do not open ("" when they all do): an altered row,
     or a thread data key that no longer unwraps. Pages and the API show such a row as unreadable
     instead of failing for everyone."""
-    from checkpoints.errors import IntegrityFailure
-
     try:
         for name in names:
             getattr(instance, name)
-    except IntegrityFailure as exc:
-        return exc.message
+    except sealer().failure as exc:
+        return str(getattr(exc, "message", exc))
     return ""

@@ -28,11 +28,12 @@ from agents.runs import enqueue_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
 from audit import trail
-from checkpoints import codec, store
+from checkpoints import storage
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork
-from checkpoints.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
-from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, validate_ops
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, Thread, ThreadStatus
+from checkpoints.storage import codec
+from checkpoints.storage.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
+from checkpoints.storage.jsonpatch import PatchError, PatchTooLarge, apply_patch, validate_ops
 from quicksave.errors import DomainError
 
 REASON_MAX_CHARS = 2000
@@ -212,65 +213,56 @@ def _fork(
     name = _branch_name(branch)
     ops, edited = _edited_state(checkpoint, patch)
     # A checkpoint a framework wrote forks into that framework's checkpoint, so its agent runs on from it.
-    shape = _shape(source=checkpoint, before=store.load_node(checkpoint.pk).state, after=edited)
+    shape = _shape(source=checkpoint, before=storage.load_node(checkpoint.pk).state, after=edited)
     written_ops, step, framework_metadata = (
         (ops + shape.ops, shape.step, shape.metadata) if shape else (ops, checkpoint.step, {})
     )
     carry = _carried(carry_approval, thread_id=checkpoint.thread_id, resume=resume)
-    source_branch = store.get_branch_name(checkpoint.branch_id)
+    source_branch = storage.get_branch_name(checkpoint.branch_id)
     status = CheckpointStatus.RUNNING if resume else CheckpointStatus.PAUSED
-    try:
-        with transaction.atomic():
-            # The thread's row lock serialises forks of one thread (so a generated name is free
-            # when it is used) and makes a concurrent agent write wait, then see the new active branch.
-            thread = _locked(checkpoint.thread_id)
-            taken = set(Branch.objects.filter(thread=thread).values_list("name", flat=True))
-            if name is not None and name in taken:
-                raise _branch_exists(name, taken)
-            name = name or _free_name(taken)
-            before = _thread_summary(thread)
-            superseded = f"Superseded by the fork to branch {name}: {reason}"
-            cancelled_approvals = _cancel_pending_approvals(thread, reason=superseded)
-            cancelled_runs = _cancel_queued_runs(thread, reason=superseded)
+    with transaction.atomic():
+        # The thread's row lock serialises forks of one thread (so a generated name is free
+        # when it is used) and makes a concurrent agent write wait, then see the new active branch.
+        thread = _locked(checkpoint.thread_id)
+        taken = set(Branch.objects.filter(thread=thread).values_list("name", flat=True))
+        if name is not None and name in taken:
+            raise _branch_exists(name, taken)
+        name = name or _free_name(taken)
+        before = _thread_summary(thread)
+        superseded = f"Superseded by the fork to branch {name}: {reason}"
+        cancelled_approvals = _cancel_pending_approvals(thread, reason=superseded)
+        cancelled_runs = _cancel_queued_runs(thread, reason=superseded)
 
-            new_branch = store.start_branch(thread=thread, at=checkpoint, name=name)
-            # Activate the branch before appending to it: the store's one-statement write moves
-            # thread.head, step and status only for a write on the active branch.
-            thread.active_branch = new_branch
-            thread.save(update_fields=["active_branch"])
-            created = store.append_checkpoint(
-                thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
-                label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
-                metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
-                          "edits": len(ops), **framework_metadata},
-                schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
-            )  # fmt: skip
-            run = (
-                enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry)
-                if resume
-                else None
-            )
-            store.record_event(thread=thread, type="branch.forked", data={
-                "branch": name, "from_branch": source_branch, "fork_point": str(checkpoint.pk),
-                "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
-                "run": str(run.pk) if run else None,
-            })  # fmt: skip
-            trail.record(
-                actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
-                reason=reason, before=before,
-                after={
-                    "branch": name, "head": str(created.pk), "status": status, "fork_point": str(checkpoint.pk),
-                    "fork_point_branch": source_branch, "fork_point_seq": checkpoint.seq, **_audit_patch(ops),
-                    "resume": resume, "run": str(run.pk) if run else None,
-                    "carry_approval": str(carry.pk) if carry else None,
-                    "cancelled_approvals": cancelled_approvals, "cancelled_runs": cancelled_runs,
-                },
-                address=address, sealed=("patch",),
-            )  # fmt: skip
-    except BaseException:
-        # The store cached the new branch's id during the write; after a rollback that row is gone.
-        store.forget_branches(checkpoint.thread_id)
-        raise
+        new_branch = storage.start_branch(thread=thread, at=checkpoint, name=name)
+        # Activate the branch before appending to it: the store's one-statement write moves
+        # thread.head, step and status only for a write on the active branch.
+        thread.active_branch = new_branch
+        thread.save(update_fields=["active_branch"])
+        created = storage.append_checkpoint(
+            thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
+            label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
+            metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
+                      "edits": len(ops), **framework_metadata},
+            schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
+        )  # fmt: skip
+        run = enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry) if resume else None
+        storage.record_event(thread=thread, type="branch.forked", data={
+            "branch": name, "from_branch": source_branch, "fork_point": str(checkpoint.pk),
+            "checkpoint": str(created.pk), "by": user.get_username(), "reason": reason,
+            "run": str(run.pk) if run else None,
+        })  # fmt: skip
+        trail.record(
+            actor=user, action=action, target_type="checkpoint", target_id=checkpoint.pk, thread=thread,
+            reason=reason, before=before,
+            after={
+                "branch": name, "head": str(created.pk), "status": status, "fork_point": str(checkpoint.pk),
+                "fork_point_branch": source_branch, "fork_point_seq": checkpoint.seq, **_audit_patch(ops),
+                "resume": resume, "run": str(run.pk) if run else None,
+                "carry_approval": str(carry.pk) if carry else None,
+                "cancelled_approvals": cancelled_approvals, "cancelled_runs": cancelled_runs,
+            },
+            address=address, sealed=("patch",),
+        )  # fmt: skip
     return created
 
 
@@ -291,7 +283,7 @@ def resume_failed(*, thread: Thread, user: User, reason: str, address: str | Non
         before = _thread_summary(locked)
         Thread.objects.filter(pk=locked.pk).update(status=ThreadStatus.RUNNING, updated_at=timezone.now())
         run = enqueue_run(thread=locked, checkpoint=head, reason=RunReason.MANUAL)
-        store.record_event(thread=locked, type="thread.resumed", data={
+        storage.record_event(thread=locked, type="thread.resumed", data={
             "status": ThreadStatus.RUNNING, "checkpoint": str(head.pk), "run": str(run.pk),
             "by": user.get_username(), "reason": reason,
         })  # fmt: skip
@@ -318,7 +310,7 @@ def cancel(*, thread: Thread, user: User, reason: str, address: str | None = Non
         cancelled_approvals = _cancel_pending_approvals(locked, reason=reason)
         cancelled_runs = _cancel_queued_runs(locked, reason=reason)
         Thread.objects.filter(pk=locked.pk).update(status=ThreadStatus.CANCELLED, updated_at=timezone.now())
-        store.record_event(thread=locked, type="thread.cancelled", data={
+        storage.record_event(thread=locked, type="thread.cancelled", data={
             "status": ThreadStatus.CANCELLED, "by": user.get_username(), "reason": reason,
             "approvals": cancelled_approvals, "runs": cancelled_runs,
         })  # fmt: skip
@@ -358,7 +350,7 @@ def delete(*, thread: Thread, user: User, reason: str, address: str | None = Non
             actor=user, action="thread.delete", target_type="thread", target_id=locked.pk, reason=reason,
             before=before, after={"deleted": True, "data_key": "destroyed"}, address=address,
         )  # fmt: skip
-        store.delete_thread(locked)
+        storage.delete_thread(locked)
 
 
 def plan_branch_name(thread: Thread | UUID) -> str:
@@ -414,7 +406,7 @@ def _edited_state(checkpoint: Checkpoint, patch: Any) -> tuple[list[dict[str, An
         ops = validate_ops([] if patch is None else patch)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail={"field": "patch", "op": exc.index, "path": exc.path}) from None
-    node = store.load_node(checkpoint.pk)  # integrity-checked; shared, and apply_patch copies on write
+    node = storage.load_node(checkpoint.pk)  # integrity-checked; shared, and apply_patch copies on write
     max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     try:
         applied = apply_patch(node.state, ops, limit=max_bytes - node.state_bytes)
@@ -515,7 +507,7 @@ def _cancel_queued_runs(thread: Thread, *, reason: str) -> list[str]:
         run.error = reason[:10_000]
         run.finished_at = now
         run.save(update_fields=["status", "error", "finished_at"])
-        store.record_event(thread=thread, type="run.cancelled", data={"run": str(run.pk), "reason": reason[:500]})
+        storage.record_event(thread=thread, type="run.cancelled", data={"run": str(run.pk), "reason": reason[:500]})
         cancelled.append(str(run.pk))
     return cancelled
 

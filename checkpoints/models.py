@@ -1,6 +1,6 @@
 """Threads, branches, checkpoints, cached tool results and the per-thread event log.
 
-Rows are written only through `checkpoints.store`; see that module for how a
+Rows are written only through `checkpoints.storage`; see that package for how a
 checkpoint's state is kept (a delta against its parent, with snapshots).
 """
 
@@ -123,7 +123,7 @@ class Checkpoint(models.Model):
     """An immutable node in the thread's tree.
 
     `payload` holds either the full state (a snapshot) or the RFC 6902 patch from
-    the parent's state (a delta), encoded by `checkpoints.codec`. `integrity`
+    the parent's state (a delta), encoded by `checkpoints.storage.codec`. `integrity`
     chains an HMAC over the parent's integrity and this row's payload and fields,
     so altering any row breaks every descendant's check.
     """
@@ -235,7 +235,7 @@ class ThreadKey(models.Model):
 
 
 class Blob(models.Model):
-    """A large value of a thread's states, kept once in blob storage (see checkpoints/blobs.py).
+    """A large value of a thread's states, kept once in blob storage (see checkpoints/storage/blobs.py).
 
     Payloads refer to it by `sha256`; the file's name is derived from the thread and the digest.
     """

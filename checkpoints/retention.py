@@ -1,7 +1,7 @@
 """Retention: each agent's policy for how long finished threads are kept and when long histories
 are compacted, and `prune`, which applies every agent's policy (`manage.py prune`).
 
-Deleting goes through `store.delete_thread` (which destroys the thread's data key). Compaction
+Deleting goes through `storage.delete_thread` (which destroys the thread's data key). Compaction
 keeps every Nth checkpoint of each branch, counted from its first, plus every checkpoint something
 points at (branch heads, fork points, approvals, runs), and rewrites the rows after each gap so
 that every remaining state still materialises and verifies:
@@ -17,10 +17,10 @@ that every remaining state still materialises and verifies:
   gets a new MAC, computed parent before child. Rows whose path lost nothing keep theirs.
 
 Rows are only ever verified before they are rewritten: a thread with a row that fails its MAC
-is refused, so compaction never launders a tampered row. Checkpoints are immutable everywhere
-else, so caches key states by checkpoint id: compaction clears this process's caches and drops
-the Redis hot entries of every row it changed. Other processes' in-memory caches cannot be
-reached from here; see `compact_thread`.
+is refused, so compaction never launders a tampered row. This module decides what is kept and
+how; the storage engine (`storage.rewrite_chain`) computes the MACs, writes the rows and drops
+the cached states, as the one writer of the integrity chain. Other processes' in-memory caches
+cannot be reached from here; see `compact_thread`.
 """
 
 from __future__ import annotations
@@ -33,20 +33,18 @@ from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
-import redis
 from django.conf import settings
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
 from agents.models import Agent, Run, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit import trail
-from checkpoints import blobs, codec, crypto, hotcache, store
-from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import PatchError, apply_patch, json_equal, make_patch
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ThreadStatus
-from checkpoints.verify import mac_matches
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.jsonpatch import PatchError, apply_patch, json_equal, make_patch
 from quicksave.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -56,7 +54,6 @@ MAX_COUNT = 2**31 - 1
 # A thread in these states is being worked on or waits for a person: retention never touches it.
 BUSY_STATUSES = (ThreadStatus.RUNNING, ThreadStatus.WAITING_FOR_APPROVAL)
 COMPACTABLE_STATUSES = (ThreadStatus.COMPLETED, ThreadStatus.FAILED, ThreadStatus.CANCELLED, ThreadStatus.PAUSED)
-_HOT_BATCH = 500
 
 
 class InvalidPolicy(DomainError):
@@ -282,7 +279,7 @@ def prune(
     for thread_id, keep_every in compactions:
         try:
             result = compact_thread(thread=thread_id, keep_every=keep_every, dry_run=dry_run)
-        except (CompactionRefused, IntegrityFailure, DatabaseError) as exc:
+        except (CompactionRefused, storage.IntegrityFailure, DatabaseError) as exc:
             report.skipped.append(Skipped(thread_id, getattr(exc, "message", None) or str(exc)))
         else:
             if result.removed:
@@ -305,7 +302,7 @@ def prune(
 
 def _collect_blobs(report: PruneReport) -> None:
     try:
-        collected = blobs.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
+        collected = storage.collect_garbage(dry_run=report.dry_run, grace_seconds=settings.QUICKSAVE_BLOB_GRACE_SECONDS)
     except Exception as exc:  # a storage outage must not hide what prune already did
         log.exception("prune: collecting unreferenced blobs failed")
         report.blob_error = str(exc) or type(exc).__name__
@@ -350,7 +347,7 @@ def _delete_expired(thread_id: UUID, *, expired: Q, dry_run: bool) -> tuple[int,
             checkpoints=Count("id"), bytes=Sum(Func(F("payload"), function="octet_length"))
         )
         if not dry_run:
-            store.delete_thread(thread)
+            storage.delete_thread(thread)
     return counts["checkpoints"] or 0, counts["bytes"] or 0
 
 
@@ -406,10 +403,15 @@ class _Kept:
     payload: bytes
     chain_length: int
     chain_bytes: int
-    integrity: bytes
     digest: bytes  # SHA-256 of the state's canonical JSON, to check the result
     rewritten: bool
-    changed: bool
+    row: Checkpoint
+
+    def relinked(self) -> storage.Relinked:
+        return storage.Relinked(
+            row=self.row, parent_id=self.parent_id, kind=self.kind, payload=self.payload,
+            chain_length=self.chain_length, chain_bytes=self.chain_bytes,
+        )  # fmt: skip
 
 
 def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = False) -> Compaction:
@@ -421,53 +423,44 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
     for a thread that is busy (see BUSY_STATUSES) or has a row that fails its integrity check;
     nothing changes then. Compacting again with the same N removes nothing.
 
-    Caches: this process's are cleared and the Redis hot entries of every removed or changed row
-    are dropped, before commit (a Redis error refuses the compaction) and again after it. Another
-    process may still hold one of those rows in its in-memory state cache, with its old MAC and
-    chain length. Reading a state from there stays right (states never change), and so does an
-    append whose writer reads its parent after the commit; but an append after a stale cached
-    parent (or one prepared while compaction ran, which waits on the thread row and then goes
-    in) chains its MAC from the old value, and the next read of that row fails its check. So
-    `prune` compacts only threads idle for QUICKSAVE_COMPACT_IDLE_HOURS, which makes it unlikely;
-    closing it needs the store to insert only after the parent's stored MAC, read under a share
-    lock in the same statement, matches the one it chained from.
+    Caches: the engine drops this process's states of the thread and the Redis hot entries of
+    every removed or changed row, before commit (a Redis error refuses the compaction) and again
+    after it. Another process may still hold one of those rows in its in-memory state cache:
+    reading a state from there stays right (states never change), and an append after it fails
+    its parent-MAC check and retries from the stored row.
     """
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     if isinstance(keep_every, bool) or not isinstance(keep_every, int) or keep_every < 2:
         raise InvalidPolicy(f"{LABELS['keep_every']} must be a whole number of checkpoints from 2; got {keep_every!r}.")
-    store.clear_caches()  # replay from the database, not from states this process cached earlier
-    changed: list[UUID] = []
-    try:
-        with transaction.atomic():
-            locked = Thread.objects.filter(pk=thread_id)
-            row = (locked if dry_run else locked.select_for_update()).first()
-            if row is None:
-                raise CompactionRefused(f"Thread {thread_id} does not exist.")
-            _check_idle(row)
-            removed, kept_ids = _plan(row, keep_every)
-            if not removed:
-                return Compaction(thread_id)
-            kept, bytes_before = _rewrite(row, removed=removed, kept_ids=kept_ids, seal=not dry_run)
-            result = Compaction(
-                thread_id, removed=len(removed), rewritten=sum(k.rewritten for k in kept),
-                remacked=sum(k.changed for k in kept), bytes_before=bytes_before,
-                bytes_after=sum(len(k.payload) for k in kept),
-            )  # fmt: skip
-            if dry_run:
-                return result
-            changed = [k.id for k in kept if k.changed] + list(removed)
-            _drop_hot(changed, strict=True)
-            _apply(row, kept=kept, removed=removed)
-            _check_result(kept)
-            store.record_event(thread=row, type="thread.compacted", data={
-                "removed": result.removed, "kept": len(kept), "keep_every": keep_every,
-            })  # fmt: skip
-            # Compaction is not activity: the thread keeps its age for the deletion rules.
-            Thread.objects.filter(pk=thread_id).update(updated_at=row.updated_at)
-    finally:
-        store.clear_caches()
-    # A reader that replayed the old rows just before the commit may have put a head back.
-    _drop_hot(changed, strict=False)
+    with transaction.atomic():
+        locked = Thread.objects.filter(pk=thread_id)
+        row = (locked if dry_run else locked.select_for_update()).first()
+        if row is None:
+            raise CompactionRefused(f"Thread {thread_id} does not exist.")
+        _check_idle(row)
+        removed, kept_ids = _plan(row, keep_every)
+        if not removed:
+            return Compaction(thread_id)
+        kept, bytes_before = _rewrite(row, removed=removed, kept_ids=kept_ids, seal=not dry_run)
+        try:
+            changed = storage.rewrite_chain(
+                thread=row, kept=[k.relinked() for k in kept], removed=removed, dry_run=dry_run
+            )
+        except storage.CacheUnavailable as exc:
+            raise CompactionRefused(exc.message) from None
+        result = Compaction(
+            thread_id, removed=len(removed), rewritten=sum(k.rewritten for k in kept),
+            remacked=len(changed) - len(removed), bytes_before=bytes_before,
+            bytes_after=sum(len(k.payload) for k in kept),
+        )  # fmt: skip
+        if dry_run:
+            return result
+        _check_result(kept)
+        storage.record_event(thread=row, type="thread.compacted", data={
+            "removed": result.removed, "kept": len(kept), "keep_every": keep_every,
+        })  # fmt: skip
+        # Compaction is not activity: the thread keeps its age for the deletion rules.
+        Thread.objects.filter(pk=thread_id).update(updated_at=row.updated_at)
     return result
 
 
@@ -544,7 +537,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                     f"Checkpoint {row.pk} (seq {row.seq}) does not follow the row before it on its branch; "
                     "the thread is left alone."
                 )
-            if not mac_matches(row, parent_integrity=parent_mac):
+            if not storage.mac_matches(row, parent_integrity=parent_mac):
                 raise CompactionRefused(
                     f"Checkpoint {row.pk} (seq {row.seq}) fails its integrity check; the thread is left alone "
                     "(run verify_integrity).",
@@ -552,7 +545,7 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                 )
             old_macs[row.pk] = bytes(row.integrity)
             old_chain_bytes[row.pk] = row.chain_bytes
-            value = store.decode_payload(row)
+            value = storage.decode_payload(row)
             if row.kind == PayloadKind.SNAPSHOT:
                 state = value
             elif state is None:
@@ -571,17 +564,6 @@ def _rewrite(thread: Thread, *, removed: set[UUID], kept_ids: set[UUID], seal: b
                 snapshot_every=snapshot_every, removed=removed,
                 parent_chain_bytes=old_chain_bytes.get(row.parent_id, 0) if row.parent_id is not None else 0,
             )  # fmt: skip
-            new.integrity = codec.integrity_mac(
-                parent_integrity=kept[new.parent_id].integrity if new.parent_id is not None else None,
-                checkpoint_id=row.pk, thread_id=row.thread_id, branch_id=row.branch_id, parent_id=new.parent_id,
-                seq=row.seq, kind=new.kind, payload=new.payload, fields=store.mac_fields(row),
-                created_at=row.created_at,
-            )  # fmt: skip
-            new.changed = new.rewritten or (new.integrity, new.chain_length, new.chain_bytes) != (
-                bytes(row.integrity),
-                row.chain_length,
-                row.chain_bytes,
-            )
             kept[row.pk] = new
             last_kept = (row.pk, state)
             if row.pk in starts:
@@ -609,6 +591,9 @@ def _kept_row(
     relinked = row.parent_id is not None and row.parent_id in removed
     parent_id = (last_kept[0] if last_kept else None) if relinked else row.parent_id
 
+    def keep(parent: UUID | None, kind: int, stored: bytes, length: int, chain_bytes: int, *, rewritten: bool) -> _Kept:
+        return _Kept(row.pk, row.branch_id, row.seq, parent, kind, stored, length, chain_bytes, digest, rewritten, row)
+
     def chain_after(parent: _Kept, own_bytes: int) -> tuple[int, int]:
         # The seq distance back to the chain's snapshot; across a fork, the fork point's plus this seq,
         # so that chain_length >= seq sends the store's reader along parent links.
@@ -616,27 +601,25 @@ def _kept_row(
         return parent.chain_length + step, parent.chain_bytes + own_bytes
 
     def too_long(length: int, chain_bytes: int) -> bool:
-        return length >= snapshot_every or chain_bytes * store.REPLAY_COST_PER_BYTE > row.state_bytes
+        return length >= snapshot_every or chain_bytes * storage.REPLAY_COST_PER_BYTE > row.state_bytes
 
     def snapshot() -> _Kept:
-        return _Kept(row.pk, row.branch_id, row.seq, parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal),
-                     0, 0, b"", digest, rewritten=True, changed=True)  # fmt: skip
+        return keep(parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal), 0, 0, rewritten=True)
 
     if parent_id is None:
         if row.kind == PayloadKind.SNAPSHOT and not relinked:
-            return _Kept(row.pk, row.branch_id, row.seq, None, row.kind, payload, 0, 0, b"", digest, False, False)
+            return keep(None, row.kind, payload, 0, 0, rewritten=False)
         return snapshot()
     parent = kept[parent_id]
     if not relinked:
         if row.kind == PayloadKind.SNAPSHOT:
-            return _Kept(row.pk, row.branch_id, row.seq, parent_id, row.kind, payload, 0, 0, b"", digest, False, False)
+            return keep(parent_id, row.kind, payload, 0, 0, rewritten=False)
         # The delta still applies (its parent's state is unchanged); only its chain may have grown.
         length, chain_bytes = chain_after(parent, row.chain_bytes - parent_chain_bytes)
         grew = (length, chain_bytes) != (row.chain_length, row.chain_bytes)
         if grew and too_long(length, chain_bytes):
             return snapshot()
-        return _Kept(row.pk, row.branch_id, row.seq, parent_id, row.kind, payload, length, chain_bytes, b"", digest,
-                     False, False)  # fmt: skip
+        return keep(parent_id, row.kind, payload, length, chain_bytes, rewritten=False)
     assert last_kept is not None
     ops = make_patch(last_kept[1], state)
     try:
@@ -646,53 +629,15 @@ def _kept_row(
     length, chain_bytes = chain_after(parent, len(codec.to_canonical_bytes(ops)))
     if not exact or too_long(length, chain_bytes):
         return snapshot()
-    return _Kept(row.pk, row.branch_id, row.seq, parent_id, PayloadKind.DELTA, _encode(row, ops, seal), length,
-                 chain_bytes, b"", digest, rewritten=True, changed=True)  # fmt: skip
+    return keep(parent_id, PayloadKind.DELTA, _encode(row, ops, seal), length, chain_bytes, rewritten=True)
 
 
 def _encode(row: Checkpoint, value: Any, seal: bool) -> bytes:
     """The payload for `value`. A dry run writes nothing, not even an offloaded large value, so it
     seals without offloading: the size is exact unless a value above QUICKSAVE_OFFLOAD_BYTES is in it."""
     if seal:
-        return store.encode_payload(thread_id=row.thread_id, checkpoint_id=row.pk, value=value)
-    return crypto.seal(row.thread_id, store.payload_ad(row.pk), codec.encode(codec.to_canonical_bytes(value)))
-
-
-def _apply(thread: Thread, *, kept: list[_Kept], removed: set[UUID]) -> None:
-    """Write the compacted rows: rewrite, relink, unlink and delete, in the caller's transaction."""
-    updates = [
-        (k.parent_id, k.kind, k.payload, k.chain_length, k.chain_bytes, k.integrity, k.id, thread.pk)
-        for k in kept
-        if k.changed
-    ]
-    doomed = list(removed)
-    with connection.cursor() as cursor:
-        # FOR UPDATE, the one row lock an append's check of its parent's MAC (FOR KEY SHARE) waits
-        # for: an append after one of these rows then chains from the rewritten row, not the old.
-        cursor.execute(
-            "SELECT 1 FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
-            [thread.pk, [update[6] for update in updates]],
-        )
-        if updates:
-            cursor.executemany(
-                "UPDATE checkpoints_checkpoint SET parent_id = %s, kind = %s, payload = %s, chain_length = %s, "
-                "chain_bytes = %s, integrity = %s WHERE id = %s AND thread_id = %s",
-                updates,
-            )
-        cursor.execute(
-            "UPDATE checkpoints_toolresult SET checkpoint_id = NULL WHERE thread_id = %s AND checkpoint_id = ANY(%s)",
-            [thread.pk, doomed],
-        )
-        cursor.execute("DELETE FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s)", [thread.pk, doomed])
-        # Materialised heads of the old rows go too: the check below replays every kept chain whole.
-        cursor.execute(
-            "DELETE FROM checkpoints_materialisedhead WHERE branch_id IN "
-            "(SELECT id FROM checkpoints_branch WHERE thread_id = %s)",
-            [thread.pk],
-        )
-        # Check the deferred foreign keys now, inside this block, rather than at some later commit.
-        cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cursor.execute("SET CONSTRAINTS ALL DEFERRED")
+        return storage.encode_payload(thread_id=row.thread_id, checkpoint_id=row.pk, value=value)
+    return crypto.seal(row.thread_id, storage.payload_ad(row.pk), codec.encode(codec.to_canonical_bytes(value)))
 
 
 def _check_result(kept: list[_Kept]) -> None:
@@ -700,26 +645,9 @@ def _check_result(kept: list[_Kept]) -> None:
     row before a snapshot) and compare it with the state it had: each such replay checks every row
     of its chain, so together they check every kept row's MAC, link and delta."""
     continues = {k.parent_id for k in kept if k.kind == PayloadKind.DELTA}
-    store.clear_caches()
     for k in kept:
         if k.id in continues:
             continue
-        state = store.load_node(k.id).state
+        state = storage.load_node(k.id).state
         if hashlib.sha256(codec.to_canonical_bytes(state)).digest() != k.digest:
-            raise IntegrityFailure(f"Compaction would change checkpoint {k.id}'s state; nothing was changed.")
-
-
-def _drop_hot(checkpoint_ids: list[UUID], *, strict: bool) -> None:
-    """Drop the Redis hot entries of these checkpoints (their MAC or chain changed, or they are gone)."""
-    if not checkpoint_ids or not hotcache.enabled():
-        return
-    try:
-        client = hotcache._client(settings.REDIS_URL)
-        for start in range(0, len(checkpoint_ids), _HOT_BATCH):
-            client.delete(*[hotcache._key(i) for i in checkpoint_ids[start : start + _HOT_BATCH]])
-    except redis.RedisError as exc:
-        if strict:
-            raise CompactionRefused(
-                f"The hot cache (Redis) is unreachable ({exc}); compaction must drop cached states, so it waits."
-            ) from None
-        log.warning("compaction: could not drop hot cache entries (%s); they expire by themselves", exc)
+            raise storage.IntegrityFailure(f"Compaction would change checkpoint {k.id}'s state; nothing was changed.")

@@ -21,7 +21,7 @@ def dashboard(request: HttpRequest) -> dict[str, Any]:
 
 
 def _hot_cache() -> dict[str, Any]:
-    from checkpoints import hotcache
+    from checkpoints.storage import hotcache
 
     return hotcache.status(probe=True)
 

@@ -22,7 +22,7 @@ def _check_database() -> dict[str, Any]:
 
 
 def _check_cache() -> dict[str, Any]:
-    from checkpoints import hotcache
+    from checkpoints.storage import hotcache
 
     return hotcache.status(probe=True)
 

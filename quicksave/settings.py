@@ -104,11 +104,12 @@ def database_from_url(url: str) -> dict[str, Any]:
         "PASSWORD": unquote(parsed.password or ""),
         "HOST": host,
         "PORT": str(parsed.port or ""),
-        # The checkpoint store's hot statement is prepared once per connection
-        # (Django's own cursors bind client-side and never prepare). Under ASGI each
-        # request runs in its own thread, so without a pool every request would open
-        # a new connection; the pool hands it a warm one instead.
-        "OPTIONS": {"prepare_threshold": 5, **pool, **query},
+        # Server-side binding: the storage engine's statements (the append, the replay's reads)
+        # run on Django's cursors, so its query log, debugging tools and tracing see them, and
+        # psycopg prepares each on a connection once it has run `prepare_threshold` times.
+        # Under ASGI each request runs in its own thread, so without a pool every request would
+        # open a new connection (and prepare again); the pool hands it a warm one instead.
+        "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5, **pool, **query},
         "CONN_MAX_AGE": 0 if pool else envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         "CONN_HEALTH_CHECKS": not pool,
         "TEST": {"NAME": envstr("DATABASE_TEST_NAME") or None},
@@ -135,7 +136,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
-# Large values moved out of checkpoints (checkpoints/blobs.py): the filesystem under var/blobs,
+# Large values moved out of checkpoints (checkpoints/storage/blobs.py): the filesystem under var/blobs,
 # or any S3-compatible store through django-storages.
 QUICKSAVE_OFFLOAD_BYTES = envint("QUICKSAVE_OFFLOAD_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_BLOB_STORAGE = envstr("QUICKSAVE_BLOB_STORAGE", "filesystem")
@@ -239,12 +240,12 @@ QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
 QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
 
-# Hot path (checkpoints/hotcache.py): head states in Redis, when REDIS_URL is set.
+# Hot path (checkpoints/storage/hotcache.py): head states in Redis, when REDIS_URL is set.
 QUICKSAVE_HOT_TTL_SECONDS = envint("QUICKSAVE_HOT_TTL_SECONDS", 3600, minimum=0)
 QUICKSAVE_HOT_TIMEOUT_MS = envint("QUICKSAVE_HOT_TIMEOUT_MS", 250, minimum=1)
 QUICKSAVE_HOT_RETRY_SECONDS = envint("QUICKSAVE_HOT_RETRY_SECONDS", 2, minimum=0)
 
-# Encryption at rest (checkpoints/crypto.py): master keys that wrap each thread's data key.
+# Encryption at rest (checkpoints/storage/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
 QUICKSAVE_ENCRYPTION_KEYS = envsecret(
     "QUICKSAVE_ENCRYPTION_KEYS",

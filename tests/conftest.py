@@ -12,8 +12,9 @@ from rest_framework.test import APIClient
 
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.models import Agent
-from checkpoints import lent_connection, store
+from checkpoints import storage
 from checkpoints.models import Thread
+from checkpoints.storage import lent_connection
 from quicksave.roles import grant_role
 from tests.processes import RedisServer
 
@@ -22,9 +23,9 @@ from tests.processes import RedisServer
 def _fresh_store_caches() -> Iterator[None]:
     # Ids are never reused, but a test that edits rows behind the store's back
     # must see the database, not a state cached by an earlier test.
-    store.clear_caches()
+    storage.clear_caches()
     yield
-    store.clear_caches()
+    storage.clear_caches()
 
 
 @pytest.fixture(autouse=True)
@@ -107,7 +108,7 @@ def stranger_client(db: Any) -> APIClient:
 
 @pytest.fixture
 def thread(agent: Agent) -> Thread:
-    return store.create_thread(agent=agent, external_id="trip-1")[0]
+    return storage.create_thread(agent=agent, external_id="trip-1")[0]
 
 
 def person(name: str, role: str | None) -> User:
@@ -145,24 +146,25 @@ def server_url(django_db_setup: Any) -> Iterator[str]:
 @pytest.fixture
 def redis_server(settings: Any) -> Iterator[RedisServer]:
     """A private redis-server as the hot cache, which a test may kill and start again."""
-    from checkpoints import hotcache, store
+    from checkpoints import storage
+    from checkpoints.storage import hotcache
 
     server = RedisServer()
     server.start()
     settings.REDIS_URL = server.url
     settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
     hotcache.reset()
-    store.clear_caches()
+    storage.clear_caches()
     yield server
     if server.process is not None and server.process.poll() is None:
         server.kill()
     hotcache.reset()
-    store.clear_caches()
+    storage.clear_caches()
 
 
 @pytest.fixture(autouse=True)
 def _lent_connections_closed() -> Iterator[None]:
-    # The connections LangGraph's executor threads borrow (checkpoints.lent_connection) stay
+    # The connections LangGraph's executor threads borrow (checkpoints.storage.lent_connection) stay
     # open between calls: each test starts without them, as a new process does, and none is
     # left open when the test database is dropped.
     yield

@@ -136,7 +136,7 @@ class RedisServer:
 
     def entry(self, checkpoint_id: Any) -> bytes | None:
         """The hot-cache entry of a checkpoint, as Redis holds it."""
-        from checkpoints import hotcache
+        from checkpoints.storage import hotcache
 
         return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))
 

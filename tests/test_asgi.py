@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from agents.keys import create_agent_key, get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -45,10 +45,10 @@ def test_an_error_keeps_its_status_and_body(api: httpx.Client) -> None:
 
 
 def test_a_streamed_export_arrives_line_by_line_and_complete(api: httpx.Client) -> None:
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="asgi"))
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="asgi"))
     parent = None
     for i in range(30):
-        parent = store.append_checkpoint(thread=thread, parent=parent, state={"i": i, "text": "y" * 2000})
+        parent = storage.append_checkpoint(thread=thread, parent=parent, state={"i": i, "text": "y" * 2000})
 
     with api.stream("GET", f"/api/v1/threads/{thread.pk}/export/") as response:
         assert response.status_code == 200

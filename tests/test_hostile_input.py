@@ -18,7 +18,7 @@ from agents.models import AgentKey, Run
 from approvals.models import ApprovalRequest
 from approvals.services import request_approval
 from audit.models import AuditEntry
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ToolResult
 from tests.conftest import person
 
@@ -36,7 +36,7 @@ def deep(levels: int) -> str:
 @pytest.fixture
 def world(thread: Thread, agent_key: str) -> dict[str, str]:
     """A thread with one checkpoint and a pending approval; ids for the paths below."""
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1, "list": [1, 2]})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1, "list": [1, 2]})
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})
     return {"thread": str(thread.pk), "checkpoint": str(checkpoint.pk), "approval": str(approval.pk)}
 
@@ -271,7 +271,7 @@ def test_a_made_up_cursor_is_a_400(world: dict[str, str], owner_client: APIClien
 
 
 def test_the_cursors_a_list_hands_out_still_page_through_it(owner_client: APIClient, agent: Any) -> None:
-    made = {str(store.create_thread(agent=agent, external_id=f"t{n}")[0].pk) for n in range(5)}
+    made = {str(storage.create_thread(agent=agent, external_id=f"t{n}")[0].pk) for n in range(5)}
     seen: list[str] = []
     page = owner_client.get(THREADS, {"limit": 2}).json()
     while True:
@@ -323,8 +323,8 @@ def test_an_audited_action_records_the_callers_ip(world: dict[str, str], reviewe
 def test_another_agents_checkpoint_as_parent_reads_as_an_unknown_one(
     thread: Thread, other_agent: Any, owner_client: APIClient
 ) -> None:
-    foreign_thread, _ = store.create_thread(agent=other_agent)
-    foreign = store.append_checkpoint(thread=foreign_thread, parent=None, state={"secret": 1})
+    foreign_thread, _ = storage.create_thread(agent=other_agent)
+    foreign = storage.append_checkpoint(thread=foreign_thread, parent=None, state={"secret": 1})
     unknown = uuid.uuid4()
     path = CHECKPOINTS.format(thread=thread.pk)
 

@@ -14,7 +14,7 @@ from django.test import Client
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
 from audit.models import AuditEntry
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
 from tests.conftest import person, signed_in
 
@@ -40,7 +40,7 @@ def admin(db: Any) -> Client:
 
 @pytest.fixture
 def world(thread: Thread) -> dict[str, str]:
-    first = store.append_checkpoint(thread=thread, parent=None, state={"d": [0], "a": 1})
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"d": [0], "a": 1})
     approval = request_approval(thread=thread, checkpoint=first, action="deploy", args={"env": "prod"})
     return {"thread": str(thread.pk), "checkpoint": str(first.pk), "approval": str(approval.pk)}
 
@@ -122,16 +122,16 @@ ESCAPED = "&lt;img src=x onerror=alert(1)&gt;"
 def hostile_thread(agent: Any) -> dict[str, str]:
     """A thread whose every agent-written text is markup: its name, a label, a state key and a long
     value (word-diffed), a branch name and a metadata value."""
-    thread, _ = store.create_thread(agent=agent, external_id=HOSTILE, metadata={HOSTILE: HOSTILE})
+    thread, _ = storage.create_thread(agent=agent, external_id=HOSTILE, metadata={HOSTILE: HOSTILE})
     prose = "The agent wrote a long note that is diffed word by word because it is longer than eighty characters. "
-    first = store.append_checkpoint(thread=thread, parent=None, label=HOSTILE,
+    first = storage.append_checkpoint(thread=thread, parent=None, label=HOSTILE,
                                     state={HOSTILE: HOSTILE, "note": prose, "log": []})  # fmt: skip
-    second = store.append_checkpoint(
+    second = storage.append_checkpoint(
         thread=thread, parent=first, label=HOSTILE,
         patch=[{"op": "replace", "path": "/note", "value": prose + HOSTILE},
                {"op": "add", "path": "/log/-", "value": HOSTILE}, {"op": "add", "path": "/" + HOSTILE, "value": 1}],
     )  # fmt: skip
-    store.start_branch(thread=thread, at=first, name=HOSTILE)
+    storage.start_branch(thread=thread, at=first, name=HOSTILE)
     return {"thread": str(thread.pk), "first": str(first.pk), "second": str(second.pk)}
 
 

@@ -19,8 +19,8 @@ from rest_framework.test import APIClient
 from agents import runs, tool_calls
 from agents.keys import create_agent_key, get_or_create_agent
 from approvals.services import request_approval
-from checkpoints import store
-from checkpoints.tools import put_tool_result
+from checkpoints import storage
+from checkpoints.storage.tool_results import put_tool_result
 from tests.conftest import handshake, person
 
 OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS = "owner-key", "foreign-key", "viewer", "reviewer", "admin", "anon"
@@ -128,9 +128,9 @@ def build_world() -> World:
     agent = get_or_create_agent(name="travel")
     owner_key, owner_secret = create_agent_key(agent=agent, label="owner")
     foreign_secret = create_agent_key(agent=get_or_create_agent(name="code-review"), label="foreign")[1]
-    thread, _ = store.create_thread(agent=agent, external_id="trip-1")
-    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 1}, label="first")
-    head = store.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
+    thread, _ = storage.create_thread(agent=agent, external_id="trip-1")
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1}, label="first")
+    head = storage.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
     put_tool_result(thread=thread, key="search-1", result={"hits": 3}, checkpoint=head)
     tool_calls.begin(thread_id=thread.pk, key="call-1", tool="send", args={"to": "a@b.c"})
     approval = request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})

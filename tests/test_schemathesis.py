@@ -17,7 +17,7 @@ from agents.keys import create_agent_key, get_or_create_agent
 from agents.models import RunReason
 from agents.runs import enqueue_run
 from approvals.services import request_approval
-from checkpoints import store
+from checkpoints import storage
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -30,9 +30,9 @@ def world(transactional_db: Any) -> dict[str, str]:
     """Committed rows for the server process: an agent key, a thread with two checkpoints, an approval, a run."""
     agent = get_or_create_agent(name="travel")
     _, key = create_agent_key(agent=agent, label="schemathesis")
-    thread, _ = store.create_thread(agent=agent, external_id="fuzzed")
-    first = store.append_checkpoint(thread=thread, parent=None, state={"a": 1, "items": [1, 2]})
-    checkpoint = store.append_checkpoint(thread=thread, parent=first.pk, state={"a": 2, "items": [1, 2, 3]})
+    thread, _ = storage.create_thread(agent=agent, external_id="fuzzed")
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1, "items": [1, 2]})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=first.pk, state={"a": 2, "items": [1, 2, 3]})
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})
     run = enqueue_run(thread=thread, checkpoint=checkpoint, reason=RunReason.START)
     return {

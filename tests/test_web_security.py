@@ -20,7 +20,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from agents.keys import create_agent_key, get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 from tests.conftest import person
 from tests.processes import ROOT, database_url
@@ -166,7 +166,7 @@ def websocket_app(settings: Any) -> Any:
 
 def _thread_and_key() -> tuple[Thread, str]:
     agent = get_or_create_agent(name="travel")
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     return thread, create_agent_key(agent=agent)[1]
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from checkpoints.jsonpatch import PatchError, format_pointer, parse_pointer
+from checkpoints.storage.jsonpatch import PatchError, format_pointer, parse_pointer
 
 Kind = Literal["added", "removed", "changed"]
 SegmentOp = Literal["equal", "insert", "delete", "elided"]

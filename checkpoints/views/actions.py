@@ -20,12 +20,12 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest
 from audit.trail import client_address
-from checkpoints import forks, store
+from checkpoints import forks, storage
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
-from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.presentation import diffview
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch
 from checkpoints.views import thread_label, viewer_required
 from checkpoints.views.forms import ForkForm
 from quicksave.errors import DomainError
@@ -61,7 +61,7 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     checkpoint = get_checkpoint_for(request.user, checkpoint_id)
     user = check_can_fork(request.user)
     try:
-        source_state = store.load_node(checkpoint.pk).state
+        source_state = storage.load_node(checkpoint.pk).state
     except IntegrityFailure as exc:
         return _fork_form(request, checkpoint, ForkForm(), StateEditor(None), status=409, failure=exc.message)
     if request.method != "POST":

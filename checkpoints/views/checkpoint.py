@@ -13,11 +13,12 @@ from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from checkpoints import blobs, selectors, store
+from checkpoints import selectors, storage
 from checkpoints.access import get_checkpoint_for, get_thread_for
-from checkpoints.errors import IntegrityFailure
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
 from checkpoints.presentation import diffview
+from checkpoints.storage import blobs
+from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.views import actions, thread_label, viewer_required
 
 # Newest tool results listed; the page says how many there are in all.
@@ -35,7 +36,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
     state: dict[str, Any] | None = None
     failure = ""
     try:
-        state = store.load_node(checkpoint.pk).state
+        state = storage.load_node(checkpoint.pk).state
     except IntegrityFailure as exc:
         # An altered row is a finding to show, not a server error: the page says so
         # and shows no state, since nothing read past that row can be trusted.

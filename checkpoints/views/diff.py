@@ -11,12 +11,12 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.access import get_checkpoint_for
-from checkpoints.errors import IntegrityFailure
-from checkpoints.jsonpatch import make_patch
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.presentation import diffview
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.jsonpatch import make_patch
 from checkpoints.views import thread_label, viewer_required
 
 VIEWS = ("unified", "split")
@@ -50,8 +50,8 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     failure = ""
     if base is not None:
         try:
-            base_state = store.load_node(base.pk).state
-            target_state = store.load_node(target.pk).state
+            base_state = storage.load_node(base.pk).state
+            target_state = storage.load_node(target.pk).state
         except IntegrityFailure as exc:
             failure = exc.message
         else:

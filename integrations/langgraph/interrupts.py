@@ -48,9 +48,9 @@ from agents.fencing import Fence
 from agents.runtime import Decision, decision_for
 from approvals.models import ApprovalRequest, Risk
 from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
-from checkpoints import codec
 from checkpoints.models import Checkpoint, Thread, ToolResult
-from checkpoints.tools import get_tool_result, put_tool_result
+from checkpoints.storage import codec
+from checkpoints.storage.tool_results import get_tool_result, put_tool_result
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from agents import runtime
 from agents.fencing import Fence
 from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.langgraph.interrupts import resume_for
 from integrations.langgraph.saver import QuicksaveSaver
@@ -65,7 +65,7 @@ class LangGraphAgent(runtime.LoopAgent):
             graph.invoke(None, latest if run.attempts > 1 else self._at(run, latest))
         if graph.get_state(latest).next:
             return "suspended"
-        store.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
+        storage.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
         return "done"
 
     @staticmethod

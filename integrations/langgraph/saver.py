@@ -7,7 +7,7 @@ Mapping:
   (`langgraph` by default). Its `external_id` is the thread id, plus `#<ns>` for a subgraph;
   its metadata `{"langgraph": {"thread_id", "checkpoint_ns"}}` finds every namespace of a
   LangGraph thread through the thread metadata index.
-- One LangGraph checkpoint is one Quicksave checkpoint, written by `store.append_checkpoint`.
+- One LangGraph checkpoint is one Quicksave checkpoint, written by `storage.append_checkpoint`.
   Its state is the LangGraph checkpoint with JSON-safe channel values: a value that is plain
   JSON is stored as is (so a growing `messages` list is a delta of the appended items), lists
   and string-keyed dicts are walked, and anything else (LangChain messages, tuples, bytes…)
@@ -98,12 +98,13 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
-from checkpoints import codec, lent_connection, store
-from checkpoints.errors import InvalidPatch, NotFound, StaleParent
+from checkpoints import storage
 from checkpoints.ids import new_id
-from checkpoints.jsonpatch import format_pointer, make_patch
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
-from checkpoints.tools import add_tool_results, put_tool_result
+from checkpoints.storage import codec, lent_connection
+from checkpoints.storage.errors import InvalidPatch, NotFound, StaleParent
+from checkpoints.storage.jsonpatch import format_pointer, make_patch
+from checkpoints.storage.tool_results import add_tool_results, put_tool_result
 from integrations.langgraph import interrupts
 
 P = ParamSpec("P")
@@ -333,7 +334,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         thread_id = str(thread_id)  # LangGraph accepts any thread id; a UUID is common
         external_id = external_id_for(thread_id, checkpoint_ns)
         if create:
-            return store.create_thread(
+            return storage.create_thread(
                 agent=self._get_agent(),
                 external_id=external_id,
                 metadata={
@@ -454,7 +455,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         """The tuple of a stored checkpoint; channels in `reuse` take those lists instead of
         decoding their stored values again (the same items, as this saver last saw them)."""
         # Decoding builds new containers, so the store's shared state needs no copy first.
-        stored = store.load_node(row).state
+        stored = storage.load_node(row).state
         state = {key: self._decode(value) for key, value in stored.items() if key != "channel_values"}
         channel_values = stored.get("channel_values", {})
         reuse = reuse or {}
@@ -560,7 +561,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         the full state must be written instead."""
         held: dict[str, Any] = {}
         try:
-            patch = self._patch(store.load_node(known.row).state, known, checkpoint, values, new_versions, held)
+            patch = self._patch(storage.load_node(known.row).state, known, checkpoint, values, new_versions, held)
             row = self._append(
                 known.thread, lg_id=checkpoint["id"], lg_parent=known.lg_id, lg_metadata=lg_metadata, patch=patch,
                 parent=known.row,
@@ -657,21 +658,21 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             assert patch is None, "a patch needs its parent"
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
-                    return store.append_checkpoint(thread=thread, parent=None, branch=store.MAIN_BRANCH,
+                    return storage.append_checkpoint(thread=thread, parent=None, branch=storage.MAIN_BRANCH,
                                                    fence=self.fence, **fields)  # fmt: skip
                 except StaleParent:
                     pass  # another writer started the thread first: this one is a second root
-            return store.append_checkpoint(
+            return storage.append_checkpoint(
                 thread=thread, parent=None, branch=self._root_branch(thread, lg_id), fence=self.fence, **fields
             )
         try:
-            return store.append_checkpoint(thread=thread, parent=parent, fence=self.fence, **fields)
+            return storage.append_checkpoint(thread=thread, parent=parent, fence=self.fence, **fields)
         except StaleParent:
             pass  # the parent is not the head of its branch (a replay, a fork): branch off it
         if patch is not None and _row_of(thread, lg_id) is not None:
             return None
-        branch = store.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
-        return store.append_checkpoint(thread=thread, parent=parent, branch=branch.name, fence=self.fence, **fields)
+        branch = storage.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
+        return storage.append_checkpoint(thread=thread, parent=parent, branch=branch.name, fence=self.fence, **fields)
 
     @staticmethod
     def _root_branch(thread: Thread, lg_id: str) -> str:
@@ -679,7 +680,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         name = _branch_name(lg_id)
         with transaction.atomic():
             Branch.objects.create(thread=thread, name=name, fork_point=None)
-            store.record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": None})
+            storage.record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": None})
         return name
 
     @_borrowing_connection
@@ -820,7 +821,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         counters = latest.metadata.get("lg_metadata", {}).get("counters_since_delta_snapshot")
         if not isinstance(counters, dict):
             return []
-        state = store.load_node(latest.pk).state
+        state = storage.load_node(latest.pk).state
         versions, values = state.get("channel_versions", {}), state.get("channel_values", {})
         channels = [name for name in counters if name in versions and name not in values]
         if not channels:
@@ -874,7 +875,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             # The ancestor's own writes led to the next checkpoint on the path: they count even
             # where its stored value ends the walk.
             walked.append((row, ancestor, frozenset(remaining)))
-            values = store.load_node(row).state.get("channel_values") or {}
+            values = storage.load_node(row).state.get("channel_values") or {}
             for name in [name for name in remaining if name in values]:
                 seeds[name] = values[name]
                 remaining.discard(name)
@@ -888,7 +889,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             external_id, metadata = locked.external_id, locked.metadata
             rows = self._rows(locked, keep=keep)
             _delete(locked)
-            target, _ = store.create_thread(agent=self._get_agent(), external_id=external_id, metadata=metadata)
+            target, _ = storage.create_thread(agent=self._get_agent(), external_id=external_id, metadata=metadata)
             self._write_rows(target, rows)
 
     def _rows(self, source: Thread, *, keep: set[UUID] | None) -> StoredRows:
@@ -900,7 +901,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         pending = ToolResult.objects.filter(thread=source, tool__startswith=f"{WRITE_TOOL}:")
         for result in pending.order_by("created_at", "id"):
             writes.setdefault(result.result["lg_id"], []).append(result)
-        return [(row, store.state_at(row.pk), writes.get(row.metadata["lg_id"], [])) for row in rows]
+        return [(row, storage.state_at(row.pk), writes.get(row.metadata["lg_id"], [])) for row in rows]
 
     def _write_rows(self, target: Thread, rows: StoredRows) -> None:
         for row, state, writes in rows:
@@ -1099,4 +1100,4 @@ def _branch_name(lg_id: str) -> str:
 
 def _delete(thread: Thread) -> None:
     """Delete a Quicksave thread with everything in it."""
-    store.delete_thread(thread)
+    storage.delete_thread(thread)

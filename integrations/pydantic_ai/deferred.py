@@ -32,7 +32,7 @@ from agents.runtime import ApprovalMismatch, decision_for
 from approvals.models import ApprovalRequest, ApprovalStatus, Risk
 from approvals.services import ApprovalPending, request_approval
 from checkpoints.models import Checkpoint, Thread, ToolResult
-from checkpoints.tools import get_tool_result, put_tool_result, tool_key
+from checkpoints.storage import get_tool_result, put_tool_result, tool_key
 
 APPROVAL, EXTERNAL = "approval", "external"
 # The marker rows' tool name; the approval's id follows it.

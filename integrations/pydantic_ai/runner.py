@@ -33,8 +33,8 @@ from agents.fencing import Fence, LeaseLost
 from agents.models import Run, RunReason
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.services import ThreadCancelled
-from checkpoints.errors import StaleParent
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from checkpoints.storage import StaleParent
 from integrations.pydantic_ai import deferred, threads
 from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
 

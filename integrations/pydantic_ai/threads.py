@@ -1,5 +1,5 @@
 """A Pydantic AI conversation as a Quicksave thread: its creation (tagged `framework: pydantic-ai`),
-its checkpoints and their states. The one module of this package that writes through the store.
+its checkpoints and their states. The one module of this package that writes through the storage engine.
 
 A checkpoint's state is `{"messages": [...]}`, the message history as `ModelMessagesTypeAdapter`
 dumps it to JSON, plus `deferred` (the calls a paused run waits on) or `output` (a finished run's
@@ -14,7 +14,7 @@ from uuid import UUID
 
 from agents.fencing import Fence
 from agents.keys import get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 
 FRAMEWORK = "pydantic-ai"
@@ -25,7 +25,7 @@ ENDINGS = ("deferred", "output")
 def open_thread(*, agent: str, version: str, conversation_id: str) -> Thread:
     """The agent's thread for `conversation_id`, created (with the framework in its metadata) if new."""
     record = get_or_create_agent(name=agent, version=version)
-    thread, _ = store.create_thread(agent=record, external_id=conversation_id,
+    thread, _ = storage.create_thread(agent=record, external_id=conversation_id,
                                     metadata={"framework": FRAMEWORK, "conversation_id": conversation_id})  # fmt: skip
     return thread
 
@@ -48,7 +48,7 @@ def latest_on_branch(checkpoint: Checkpoint) -> Checkpoint:
 
 
 def state_of(checkpoint: Checkpoint | UUID) -> dict[str, Any]:
-    return store.state_at(checkpoint, hot=True)
+    return storage.state_at(checkpoint, hot=True)
 
 
 def state_patch(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
@@ -110,6 +110,6 @@ def append(
     fields: dict[str, Any] = {"label": label, "status": status, "metadata": metadata, "fence": fence,
                               "model": {"name": model[:200]} if model else None}  # fmt: skip
     if parent is None:
-        return store.append_checkpoint(thread=thread, parent=None, state=after, step=0, **fields)
-    return store.append_checkpoint(thread=thread, parent=parent, patch=state_patch(before, after),
+        return storage.append_checkpoint(thread=thread, parent=None, state=after, step=0, **fields)
+    return storage.append_checkpoint(thread=thread, parent=parent, patch=state_patch(before, after),
                                    step=(parent.step or 0) + 1, **fields)  # fmt: skip

@@ -11,7 +11,7 @@ from django.test import Client
 from agents.keys import create_agent_key, find_agent_key, issue_key
 from agents.models import Agent, AgentKey
 from audit.models import AuditEntry
-from checkpoints import store
+from checkpoints import storage
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db
@@ -24,7 +24,7 @@ def admin(db: Any) -> Client:
 
 def test_admins_see_every_agent_with_its_keys_and_threads(admin: Client, agent: Agent) -> None:
     key, _ = create_agent_key(agent=agent, label="production worker")
-    store.create_thread(agent=agent, external_id="trip-1")
+    storage.create_thread(agent=agent, external_id="trip-1")
     issue_key(agent_name="code-review")
 
     page = admin.get("/agents/").content.decode()

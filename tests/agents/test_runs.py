@@ -24,14 +24,14 @@ from agents.keys import get_or_create_agent
 from agents.models import Agent, Run, RunReason, RunStatus
 from agents.runs import CHANNEL, LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
 from agents.runtime import start_thread
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 from tests.processes import Workers
 from tests.waiting import wait_until
 
 
 def queued(thread: Thread, n: int = 1) -> list[Run]:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     return [enqueue_run(thread=thread, checkpoint=checkpoint, reason=RunReason.MANUAL) for _ in range(n)]
 
 
@@ -78,7 +78,7 @@ def test_heartbeats_keep_the_lease_and_complete_closes_the_run(thread: Thread, a
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_workers_never_claim_the_same_run(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     queued(thread, 12)
     claimed: list[str] = []
     lock = threading.Lock()
@@ -135,8 +135,8 @@ def test_failing_a_run_records_the_error(owner_client: APIClient, thread: Thread
 def test_a_long_poll_is_woken_by_the_notification_not_the_timeout(
     live_server: Any, agent: Agent, agent_key: str
 ) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    thread, _ = storage.create_thread(agent=agent)
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     outcome: dict[str, Any] = {}
 
     def poll() -> None:
@@ -219,8 +219,8 @@ def test_an_idle_worker_is_woken_by_the_notification_of_a_queued_run(tmp_path: P
 @pytest.mark.django_db(transaction=True)
 def test_an_idle_worker_still_finds_a_run_queued_without_a_notification(tmp_path: Path) -> None:
     with worker_polling_every(tmp_path, 0.5) as (workers, _):
-        thread, _ = store.create_thread(agent=get_or_create_agent(name=CodeReviewAgent.name))
-        checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"files": []})
+        thread, _ = storage.create_thread(agent=get_or_create_agent(name=CodeReviewAgent.name))
+        checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"files": []})
         # What enqueue_run does, less its NOTIFY: a notification lost (the LISTEN connection was
         # down at the time, say) leaves the run to the poll.
         run = Run.objects.create(agent_id=thread.agent_id, thread=thread, checkpoint=checkpoint,

@@ -15,7 +15,7 @@ from agents.runtime import Agent, Context, Continue, Done, StepResult, start_thr
 from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from quicksave.roles import grant_role
 
@@ -51,7 +51,7 @@ def pending(thread: Thread) -> ApprovalRequest:
 
 
 def final_state(thread: Thread) -> dict[str, Any]:
-    return store.latest_state(thread=thread)[1]
+    return storage.latest_state(thread=thread)[1]
 
 
 def test_travel_books_only_after_approval(ledger: Path, reviewer: User) -> None:
@@ -126,7 +126,7 @@ def test_migration_fails_at_step_20_because_of_step_15(ledger: Path, db: Any) ->
     assert thread.head_id is not None
     head = Checkpoint.objects.get(pk=thread.head_id)
     assert "batch_size 5000" in head.metadata["error"]
-    assert store.state_at(Checkpoint.objects.get(thread=thread, seq=16))["settings"] == {"batch_size": 5000}
+    assert storage.state_at(Checkpoint.objects.get(thread=thread, seq=16))["settings"] == {"batch_size": 5000}
     assert Run.objects.get(thread=thread).status == RunStatus.FAILED
 
 
@@ -167,7 +167,7 @@ def test_a_state_written_by_v1_is_upcast_for_a_v2_agent(db: Any, monkeypatch: py
 
     latest = Checkpoint.objects.filter(thread=thread).order_by("-seq").first()
     assert latest is not None and latest.schema_version == 2
-    assert store.state_at(latest)["notes"] == ["written by v1", "written by v2"]
+    assert storage.state_at(latest)["notes"] == ["written by v1", "written by v2"]
 
 
 class _Counter(Agent):

@@ -26,9 +26,10 @@ from agents.runtime import Agent, Context, Continue, Done, StepResult, register,
 from agents.worker import Worker
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from approvals.services import decide, request_approval
-from checkpoints import crypto, store
-from checkpoints.errors import InvalidState
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from checkpoints.storage import crypto
+from checkpoints.storage.errors import InvalidState
 from tests.conftest import person, signed_in
 from tests.processes import database_url
 
@@ -190,7 +191,7 @@ def test_it_happened_hands_the_agent_the_recorded_result_without_calling_the_too
     drain()
 
     assert EFFECTS == []
-    assert store.latest_state(thread=thread)[1]["sent"] == {"sent_to": "by hand"}
+    assert storage.latest_state(thread=thread)[1]["sent"] == {"sent_to": "by hand"}
     assert Thread.objects.get(pk=thread.pk).status == ThreadStatus.COMPLETED
     again = decide_over_api(reviewer, item, {"decision": "not_happened"})
     assert again.status_code == 409 and again.json()["error"]["code"] == "already_decided"
@@ -230,7 +231,7 @@ def test_the_in_doubt_page_records_a_result_and_the_agent_resumes_with_it(review
     done = browser.post(f"/inbox/{item.pk}/", {"decision": "happened", "result": '{"sent_to": "by hand"}'})
     assert done.status_code == 302
     drain()
-    assert EFFECTS == [] and store.latest_state(thread=thread)[1]["sent"] == {"sent_to": "by hand"}
+    assert EFFECTS == [] and storage.latest_state(thread=thread)[1]["sent"] == {"sent_to": "by hand"}
 
 
 @pytest.mark.django_db
@@ -286,7 +287,7 @@ def test_every_write_of_a_superseded_attempt_is_refused(db: Any) -> None:
     head = Checkpoint.objects.get(thread=thread, seq=1)
 
     with pytest.raises(LeaseLost):
-        store.append_checkpoint(thread=thread, parent=head.pk, state={"x": 1}, fence=stale)
+        storage.append_checkpoint(thread=thread, parent=head.pk, state={"x": 1}, fence=stale)
     with pytest.raises(LeaseLost):
         tool_calls.begin(thread_id=thread.pk, key="k", tool="send_email", args={}, fence=stale)
     with pytest.raises(LeaseLost):
@@ -294,7 +295,7 @@ def test_every_write_of_a_superseded_attempt_is_refused(db: Any) -> None:
     assert Checkpoint.objects.filter(thread=thread).count() == 1
     assert not ToolCall.objects.filter(thread=thread).exists()
     assert not ApprovalRequest.objects.filter(thread=thread).exists()
-    store.append_checkpoint(thread=thread, parent=head.pk, state={"x": 1}, fence=Fence(run.pk, run.attempts + 1))
+    storage.append_checkpoint(thread=thread, parent=head.pk, state={"x": 1}, fence=Fence(run.pk, run.attempts + 1))
 
 
 @pytest.mark.django_db
@@ -307,11 +308,11 @@ def test_a_malformed_fence_is_a_400_naming_it(owner_client: APIClient, thread: T
 @pytest.mark.django_db
 @pytest.mark.parametrize("damage", ["args", "data_key"])
 def test_an_unreadable_approval_shows_as_unreadable_and_everything_else_works(reviewer: User, damage: str) -> None:
-    ok_thread = store.create_thread(agent=mail_agent(), external_id="fine")[0]
-    bad_thread = store.create_thread(agent=mail_agent(), external_id="broken")[0]
-    fine = request_approval(thread=ok_thread, checkpoint=store.append_checkpoint(thread=ok_thread, parent=None,
+    ok_thread = storage.create_thread(agent=mail_agent(), external_id="fine")[0]
+    bad_thread = storage.create_thread(agent=mail_agent(), external_id="broken")[0]
+    fine = request_approval(thread=ok_thread, checkpoint=storage.append_checkpoint(thread=ok_thread, parent=None,
                             state={}), action="pay", args={"cents": 1})  # fmt: skip
-    broken = request_approval(thread=bad_thread, checkpoint=store.append_checkpoint(thread=bad_thread, parent=None,
+    broken = request_approval(thread=bad_thread, checkpoint=storage.append_checkpoint(thread=bad_thread, parent=None,
                               state={}), action="pay", args={"cents": 2})  # fmt: skip
     with connection.cursor() as cursor:
         if damage == "args":
@@ -320,7 +321,7 @@ def test_an_unreadable_approval_shows_as_unreadable_and_everything_else_works(re
         else:
             cursor.execute("UPDATE checkpoints_threadkey SET wrapped = set_byte(wrapped, 20, get_byte(wrapped, 20) # 1)"
                            " WHERE thread_id = %s", [bad_thread.pk])  # fmt: skip
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
     browser: Client = signed_in(reviewer)
 
@@ -373,7 +374,7 @@ def test_a_call_after_an_approval_that_went_in_doubt_is_not_repeated_under_anoth
     assert ApprovalRequest.objects.filter(thread=thread).count() == 2  # not asked to approve again
     assert list(ToolCall.objects.filter(thread=thread).values_list("key", flat=True)) == [key]
     if answer == "happened":
-        assert EFFECTS == [] and store.latest_state(thread=thread)[1]["paid"] == "paid by hand"
+        assert EFFECTS == [] and storage.latest_state(thread=thread)[1]["paid"] == "paid by hand"
     else:
         assert EFFECTS == [("pay 100", "")]
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 
 
@@ -37,7 +37,7 @@ def test_verify_integrity_of_an_unknown_thread_is_an_error_not_an_ok(db: Any) ->
 
 
 def test_verify_integrity_of_one_thread_checks_it(thread: Thread) -> None:
-    store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     out = StringIO()
 
     call_command("verify_integrity", "--thread", str(thread.pk), stdout=out)

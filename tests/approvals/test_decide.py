@@ -16,7 +16,7 @@ from rest_framework.test import APIClient
 
 from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Event, Thread, ThreadStatus
 from tests.conftest import person
 
@@ -39,7 +39,7 @@ def reviewer(db: Any) -> User:
 @pytest.fixture
 def suspended(owner_client: APIClient, thread: Thread) -> dict[str, Any]:
     """A travel thread suspended at a checkpoint, waiting to book a flight."""
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"offer": {"price": 420}}, step=3,
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"offer": {"price": 420}}, step=3,
                                          label="book_flight", status="waiting_for_approval")  # fmt: skip
     response = post(owner_client, f"/api/v1/threads/{thread.pk}/approvals/", {
         "checkpoint": str(checkpoint.pk), "action": "book_flight", "args": {"flight": "SK123", "price": 420},
@@ -191,8 +191,8 @@ def test_inbox_lists_pending_oldest_first_filtered_by_agent(
 
 @pytest.mark.django_db(transaction=True)
 def test_two_reviewers_deciding_at_the_same_moment_exactly_one_wins(live_server: Any, agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    thread, _ = storage.create_thread(agent=agent)
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     from approvals.services import request_approval
 
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})

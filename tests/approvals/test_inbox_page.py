@@ -14,7 +14,7 @@ from django.utils import timezone
 from agents.models import Agent
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
-from checkpoints import store
+from checkpoints import storage
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db
@@ -30,8 +30,8 @@ def file_approvals(agent: Agent, count: int) -> list[ApprovalRequest]:
     filed = []
     start = timezone.now() - timedelta(hours=1)
     for index in range(count):
-        thread = store.create_thread(agent=agent, external_id=f"trip-{index}")[0]
-        head = store.append_checkpoint(thread=thread, parent=None, state={})
+        thread = storage.create_thread(agent=agent, external_id=f"trip-{index}")[0]
+        head = storage.append_checkpoint(thread=thread, parent=None, state={})
         approval = request_approval(thread=thread, checkpoint=head, action="book_flight", args={"n": index})
         ApprovalRequest.objects.filter(pk=approval.pk).update(created_at=start + timedelta(minutes=index // 2))
         filed.append(approval)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from approvals.services import request_approval
 from audit.models import AuditEntry
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 from tests.conftest import person, signed_in
 
@@ -55,7 +55,7 @@ def test_anonymous_is_sent_to_the_login_page(client: Any) -> None:
 
 
 def test_admin_sees_every_column_newest_first_with_links_to_our_pages(admin: User, thread: Thread) -> None:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={})
     oldest = entry(minutes=1, thread=thread, reason="stuck in a loop", address="10.0.0.7",
                    before={"status": "running"}, after={"status": "cancelled"})  # fmt: skip
@@ -88,7 +88,7 @@ def test_a_target_that_is_not_ours_is_shown_without_a_link(admin: User) -> None:
 
 
 def test_filters_narrow_by_actor_action_thread_and_time(admin: User, thread: Thread) -> None:
-    other, _ = store.create_thread(agent=thread.agent, external_id="trip-2")
+    other, _ = storage.create_thread(agent=thread.agent, external_id="trip-2")
     a = entry(minutes=1, actor="ada", action="thread.cancel", thread=thread)
     b = entry(minutes=2, actor="rita", action="approval.approve", thread=thread)
     c = entry(minutes=3, actor="rita", action="thread.cancel", thread=other)

@@ -13,7 +13,7 @@ from agents.models import Agent
 from approvals.services import decide, request_approval
 from audit import trail
 from audit.models import AuditEntry
-from checkpoints import forks, store
+from checkpoints import forks, storage
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
 from tests.conftest import person, signed_in
@@ -21,7 +21,7 @@ from tests.conftest import person, signed_in
 
 @pytest.fixture
 def decided(thread: Thread) -> AuditEntry:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})
     reviewer = User.objects.create_user("rita", password="pw-12345678")
     grant_role(user=reviewer, role="reviewer")
@@ -67,7 +67,7 @@ def _raw_audit_rows() -> str:
 
 def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: Thread) -> None:
     ada = person("ada", "admin")
-    first = store.append_checkpoint(thread=thread, parent=None, state={"card": "4111", "amount": 90})
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"card": "4111", "amount": 90})
     approval = request_approval(thread=thread, checkpoint=first, action="pay", args={"iban": SECRETS[0]})
     decide(approval=approval, user=ada, decision="approve", args={"iban": SECRETS[1]})
     forks.fork(checkpoint=first, user=ada, reason="wrong card",
@@ -99,7 +99,7 @@ def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: T
 
 def test_a_thread_stored_without_a_data_key_keeps_only_a_digest_of_its_secrets(agent: Agent) -> None:
     with override_settings(QUICKSAVE_ENCRYPT=False):
-        plain = store.create_thread(agent=agent)[0]
+        plain = storage.create_thread(agent=agent)[0]
     entry = trail.record(
         actor=None, action="approval.approve", target_type="approval", target_id="a-1", thread=plain,
         before={"status": "pending", "args": {"iban": SECRETS[0]}}, sealed=("args",),

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from checkpoints import store
-from checkpoints.jsonpatch import apply_patch
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Event, Thread, ToolResult
+from checkpoints.storage.jsonpatch import apply_patch
 from tests.conftest import message
 
 
@@ -332,7 +332,7 @@ def test_tool_results_can_ride_along_with_a_checkpoint(owner_client: APIClient) 
 
 
 def test_thread_model_is_scoped_by_the_store(agent: Any) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     assert Thread.objects.get(pk=thread.pk).active_branch is not None
 
 

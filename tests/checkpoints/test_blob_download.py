@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pytest
 
 from agents.models import Agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Blob
 from tests.conftest import person, signed_in
 
@@ -31,7 +31,7 @@ def small_offload(settings: Any, tmp_path: Path) -> None:
             "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
         },
     }
-    store.clear_caches()
+    storage.clear_caches()
 
 
 # An RFC 6266 header as we send it: the disposition, an ASCII token-safe fallback, the UTF-8 name.
@@ -51,8 +51,8 @@ DISPOSITION = re.compile(r"""attachment; filename="([A-Za-z0-9._-]+)"; filename\
 def test_a_large_value_downloads_as_an_attachment_named_safely_whatever_the_external_id(
     agent: Agent, small_offload: None, external_id: str, expected: str
 ) -> None:
-    thread, _ = store.create_thread(agent=agent, external_id=external_id)
-    store.append_checkpoint(thread=thread, parent=None, state={"notes": LARGE})
+    thread, _ = storage.create_thread(agent=agent, external_id=external_id)
+    storage.append_checkpoint(thread=thread, parent=None, state={"notes": LARGE})
     digest = Blob.objects.get(thread=thread).sha256
     viewer = signed_in(person("vic", "viewer"))
 
@@ -70,8 +70,8 @@ def test_a_large_value_downloads_as_an_attachment_named_safely_whatever_the_exte
 
 
 def test_a_very_long_external_id_gives_a_shortened_file_name(agent: Agent, small_offload: None) -> None:
-    thread, _ = store.create_thread(agent=agent, external_id="é" * 255)
-    store.append_checkpoint(thread=thread, parent=None, state={"notes": LARGE})
+    thread, _ = storage.create_thread(agent=agent, external_id="é" * 255)
+    storage.append_checkpoint(thread=thread, parent=None, state={"notes": LARGE})
     digest = Blob.objects.get(thread=thread).sha256
 
     download = signed_in(person("vic", "viewer")).get(f"/threads/{thread.pk}/blobs/{digest}/")

@@ -20,9 +20,10 @@ from django.test import Client
 from django.utils import timezone
 
 from agents.models import Agent
-from checkpoints import blobs, crypto, store
-from checkpoints.errors import IntegrityFailure
+from checkpoints import storage
 from checkpoints.models import Blob, Checkpoint, Thread
+from checkpoints.storage import blobs, crypto, garbage
+from checkpoints.storage.errors import IntegrityFailure
 from tests.conftest import person, signed_in
 from tests.processes import free_port
 from tests.waiting import wait_until
@@ -44,12 +45,12 @@ def filesystem_blobs(settings: Any, tmp_path: Path) -> Path:
             "OPTIONS": {"location": str(tmp_path), "allow_overwrite": True},
         },
     }
-    store.clear_caches()
+    storage.clear_caches()
     return tmp_path
 
 
 def fresh_process() -> None:
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
 
 
@@ -62,13 +63,15 @@ def payload_bytes(thread: Thread) -> list[int]:
 
 def write_attachment_thread(agent: Agent, settings: Any, steps: int = 6) -> tuple[Thread, list[Checkpoint]]:
     settings.QUICKSAVE_SNAPSHOT_EVERY = 2  # snapshots repeat the attachment: it must still be stored once
-    thread, _ = store.create_thread(agent=agent)
-    head = store.append_checkpoint(thread=thread, parent=None, state={"files": {"contract.pdf": ATTACHMENT}, "n": 0})
+    thread, _ = storage.create_thread(agent=agent)
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"files": {"contract.pdf": ATTACHMENT}, "n": 0})
     written = [head]
     for n in range(1, steps):
-        head = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": n}])
+        head = storage.append_checkpoint(
+            thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": n}]
+        )
         written.append(head)
-    head = store.append_checkpoint(
+    head = storage.append_checkpoint(
         thread=thread, parent=head, patch=[{"op": "add", "path": "/report", "value": REPORT}]
     )
     return thread, [*written, head]
@@ -85,9 +88,9 @@ def test_large_values_are_stored_once_and_restored_transparently(
     assert len(files) == 2 and all(b"PDF-bytes" not in path.read_bytes() for path in files)  # sealed
     assert max(payload_bytes(thread)) < 2000  # checkpoints keep references, not the values
     fresh_process()
-    assert store.state_at(written[3].pk) == {"files": {"contract.pdf": ATTACHMENT}, "n": 3}
-    assert store.state_at(written[-1].pk)["report"] == REPORT
-    raw = store.decode_payload(Checkpoint.objects.get(pk=written[0].pk), restore=False)
+    assert storage.state_at(written[3].pk) == {"files": {"contract.pdf": ATTACHMENT}, "n": 3}
+    assert storage.state_at(written[-1].pk)["report"] == REPORT
+    raw = storage.decode_payload(Checkpoint.objects.get(pk=written[0].pk), restore=False)
     reference = raw["files"]["contract.pdf"]["$qs_blob"]
     assert reference["size"] == len(ATTACHMENT) + 2 and reference["preview"].startswith("PDF-bytes-as-text")
 
@@ -99,7 +102,7 @@ def test_an_altered_blob_fails_its_check(agent: Agent, settings: Any, filesystem
     target.write_bytes(target.read_bytes()[:-1] + b"\x00")
     fresh_process()
     with pytest.raises(IntegrityFailure):
-        store.state_at(written[0].pk)
+        storage.state_at(written[0].pk)
 
 
 def test_the_checkpoint_page_shows_a_preview_and_a_permission_checked_download(
@@ -133,38 +136,38 @@ def test_prune_collects_blobs_of_deleted_threads_and_leaves_other_installations_
     stranger = filesystem_blobs / "t" / "01a20000-0000-7000-8000-000000000001"
     stranger.mkdir()
     (stranger / "theirs").write_bytes(b"sealed")
-    store.delete_thread(gone)
+    storage.delete_thread(gone)
 
-    assert blobs.collect_garbage(grace_seconds=3600).files == 2  # the deleted thread's; the orphan is too recent
+    assert garbage.collect_garbage(grace_seconds=3600).files == 2  # the deleted thread's; the orphan is too recent
     assert not (filesystem_blobs / "t" / str(gone.pk)).exists() or not any(
         (filesystem_blobs / "t" / str(gone.pk)).iterdir()
     )
-    dry = blobs.collect_garbage(dry_run=True, grace_seconds=0)
+    dry = garbage.collect_garbage(dry_run=True, grace_seconds=0)
     assert dry.files == 1 and orphan.exists()
-    assert blobs.collect_garbage(grace_seconds=0).files == 1
+    assert garbage.collect_garbage(grace_seconds=0).files == 1
     assert not orphan.exists() and (stranger / "theirs").exists()
     kept = [p for p in (filesystem_blobs / "t" / str(keep.pk)).iterdir()]
     assert len(kept) == 2
     fresh_process()
-    assert store.latest_state(thread=keep)[1]["files"]["contract.pdf"] == ATTACHMENT
+    assert storage.latest_state(thread=keep)[1]["files"]["contract.pdf"] == ATTACHMENT
 
 
 def test_an_unreferenced_blob_is_collected_only_once_no_write_has_used_it_lately(
     agent: Agent, filesystem_blobs: Path
 ) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     # A write in flight stored its large value; its checkpoint is not committed (yet, or ever).
     blobs.offload(thread.pk, {"draft": ATTACHMENT})
     digest = Blob.objects.get(thread=thread).sha256
     file = filesystem_blobs / blobs.blob_name(thread.pk, digest)
 
-    assert blobs.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
+    assert garbage.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
     Blob.objects.filter(thread=thread).update(used_at=timezone.now() - timedelta(hours=2))
     blobs.offload(thread.pk, {"retry": ATTACHMENT})  # the agent's retry reuses the stored value
-    assert blobs.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
+    assert garbage.collect_garbage(grace_seconds=3600).rows == 0 and file.exists()
 
     Blob.objects.filter(thread=thread).update(used_at=timezone.now() - timedelta(hours=2))
-    assert blobs.collect_garbage(grace_seconds=3600).rows == 1
+    assert garbage.collect_garbage(grace_seconds=3600).rows == 1
     assert not file.exists() and not Blob.objects.filter(thread=thread).exists()
 
 
@@ -227,8 +230,8 @@ def test_blobs_go_to_an_s3_compatible_server(agent: Agent, settings: Any, s3_ser
     body = s3.get_object(Bucket="quicksave-blobs", Key=keys[0])["Body"].read()
     assert b"PDF-bytes" not in body and b"page 1" not in body
     fresh_process()
-    assert store.state_at(written[2].pk)["files"]["contract.pdf"] == ATTACHMENT
+    assert storage.state_at(written[2].pk)["files"]["contract.pdf"] == ATTACHMENT
 
-    store.delete_thread(thread)
-    assert blobs.collect_garbage(grace_seconds=0).files == 2
+    storage.delete_thread(thread)
+    assert garbage.collect_garbage(grace_seconds=0).files == 2
     assert s3.list_objects_v2(Bucket="quicksave-blobs").get("KeyCount") == 0

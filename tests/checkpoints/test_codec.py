@@ -24,8 +24,9 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
 from agents.models import Agent
-from checkpoints import codec, crypto, store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from checkpoints.storage import codec, crypto
 
 
 def test_an_integer_beyond_64_bits_parses_exactly() -> None:
@@ -54,13 +55,13 @@ def test_invalid_json_still_fails_as_the_standard_library_fails() -> None:
 
 
 def test_a_state_with_integers_beyond_64_bits_survives_a_cold_read(thread: Thread) -> None:
-    first = store.append_checkpoint(thread=thread, parent=None, state={"ledger": [2**80, -(2**70)], "pad": "x" * 300})
-    second = store.append_checkpoint(
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"ledger": [2**80, -(2**70)], "pad": "x" * 300})
+    second = storage.append_checkpoint(
         thread=thread, parent=first, patch=[{"op": "add", "path": "/ledger/-", "value": 2**65 + 1}]
     )
-    store.clear_caches()
+    storage.clear_caches()
 
-    assert store.state_at(second)["ledger"] == [2**80, -(2**70), 2**65 + 1]
+    assert storage.state_at(second)["ledger"] == [2**80, -(2**70), 2**65 + 1]
 
 
 def _reference_mac(**kwargs: Any) -> bytes:
@@ -156,15 +157,15 @@ def test_a_corrupt_zstd_frame_is_refused_as_a_bad_value() -> None:
 def test_a_large_state_is_stored_as_zstd_and_reads_back_cold(agent: Agent, encrypted: bool) -> None:
     """A plain zstd frame must not be mistaken for a sealed value (crypto.SEALED is 0x02)."""
     with override_settings(QUICKSAVE_ENCRYPT=encrypted):
-        thread, _ = store.create_thread(agent=agent)
+        thread, _ = storage.create_thread(agent=agent)
     state = {"notes": [f"note {i}: the ferry leaves the harbour at dawn" for i in range(4000)]}
-    first = store.append_checkpoint(thread=thread, parent=None, state=state)
+    first = storage.append_checkpoint(thread=thread, parent=None, state=state)
     stored = bytes(Checkpoint.objects.values_list("payload", flat=True).get(pk=first.pk))
     assert stored[:1] == (bytes([crypto.SEALED]) if encrypted else codec.ZSTD)
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
 
-    assert store.state_at(first) == state
+    assert storage.state_at(first) == state
 
 
 def test_frames_written_on_threads_that_come_one_after_another_share_one_compressor(

@@ -13,7 +13,7 @@ from django.contrib.auth.models import AnonymousUser, User
 
 from agents.auth import AgentPrincipal
 from agents.keys import create_agent_key, find_agent_key, get_or_create_agent
-from checkpoints import live, store
+from checkpoints import live, storage
 from checkpoints.models import Checkpoint
 from quicksave.roles import grant_role
 from tests.conftest import handshake
@@ -53,10 +53,10 @@ def _viewer() -> User:
 
 
 def _thread_with(n: int) -> Any:
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"))
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"))
     parent = None
     for i in range(n):
-        parent = store.append_checkpoint(thread=thread, parent=parent, state={"i": i})
+        parent = storage.append_checkpoint(thread=thread, parent=parent, state={"i": i})
     return thread
 
 
@@ -101,8 +101,8 @@ async def test_a_viewer_gets_every_event_after_after_seq_then_live_ones_in_order
     ]
     assert replayed[0]["thread"] == str(thread.pk)
 
-    head, _ = await sync_to_async(store.latest_state)(thread=thread)
-    await sync_to_async(store.append_checkpoint)(thread=thread, parent=head, state={"i": 99}, label="live")
+    head, _ = await sync_to_async(storage.latest_state)(thread=thread)
+    await sync_to_async(storage.append_checkpoint)(thread=thread, parent=head, state={"i": 99}, label="live")
     event = await communicator.receive_json_from(timeout=5)
     assert (event["seq"], event["data"]["label"]) == (5, "live")
     await communicator.disconnect()
@@ -116,9 +116,9 @@ async def test_a_missed_live_event_is_filled_in_from_the_table(application: Any)
 
     # Two events commit, but only the second reaches the group (the first was lost on the way).
     def write_two() -> None:
-        head, _ = store.latest_state(thread=thread)
-        first = store.append_checkpoint(thread=thread, parent=head, state={"i": 1})
-        store.append_checkpoint(thread=thread, parent=first, state={"i": 2})
+        head, _ = storage.latest_state(thread=thread)
+        first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
+        storage.append_checkpoint(thread=thread, parent=first, state={"i": 2})
 
     sent = live._publisher.send
     live._publisher.send = lambda group, payload: None  # type: ignore[method-assign]
@@ -159,9 +159,9 @@ async def test_a_burst_of_writes_arrives_in_order_once_each_though_sent_in_batch
         await group_send(group, message)
 
     def burst() -> None:
-        head, _ = store.latest_state(thread=thread)
+        head, _ = storage.latest_state(thread=thread)
         for i in range(30):
-            head = store.append_checkpoint(thread=thread, parent=head, state={"i": i}).pk
+            head = storage.append_checkpoint(thread=thread, parent=head, state={"i": i}).pk
 
     layer.group_send = counting
     try:

@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.test import APIClient
 
-from checkpoints import store
-from checkpoints.jsonpatch import apply_patch, json_equal, make_patch
+from checkpoints import storage
 from checkpoints.models import Thread
+from checkpoints.storage.jsonpatch import apply_patch, json_equal, make_patch
 
 # --------------------------------------------------------------------------- strategies
 
@@ -170,7 +170,7 @@ snapshot_every = st.sampled_from([1, 2, 1000])
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """JSON value equality written independently of checkpoints.jsonpatch: booleans are not numbers,
+    """JSON value equality written independently of checkpoints.storage.jsonpatch: booleans are not numbers,
     numbers compare by value (1 == 1.0), objects ignore member order, arrays do not."""
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
@@ -242,7 +242,7 @@ def test_diff_of_a_child_turns_its_parents_state_into_its_own(
         a_id = write(owner_client, thread_id, parent=None, state=a)
         b_id = write(owner_client, thread_id, parent=a_id, state=b)
     if replay:
-        store.clear_caches()  # materialise from the rows, not from the states cached by the writes
+        storage.clear_caches()  # materialise from the rows, not from the states cached by the writes
 
     body = read_diff(owner_client, b_id)
 
@@ -292,14 +292,14 @@ def test_diff_between_any_two_checkpoints_of_a_thread_turns_one_state_into_the_o
         thread = Thread.objects.get(pk=thread_id)
         for number, (fork, states_on_branch) in enumerate(branches):
             name = f"alt-{number}" if number else "alt"
-            store.start_branch(thread=thread, at=UUID(ids[fork]), name=name)
+            storage.start_branch(thread=thread, at=UUID(ids[fork]), name=name)
             parent = ids[fork]
             for state in states_on_branch:
                 parent = write(owner_client, thread_id, parent=parent, branch=name, state=state)
                 ids.append(parent)
                 expected.append(state)
     if replay:
-        store.clear_caches()
+        storage.clear_caches()
 
     index = st.integers(0, len(ids) - 1)
     pairs = data.draw(st.lists(st.tuples(index, index), min_size=1, max_size=4), label="(base, target) pairs")
@@ -326,7 +326,7 @@ def test_checkpoints_written_by_patch_read_back_as_the_patched_state(
         for before, after in pairwise(chain):
             ids.append(write(owner_client, thread_id, parent=ids[-1], patch=make_patch(before, after)))
     if replay:
-        store.clear_caches()
+        storage.clear_caches()
 
     for position, (checkpoint_id, state) in enumerate(zip(ids, chain, strict=True)):
         assert same_json(read_state(owner_client, checkpoint_id), state), position

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.template.loader import render_to_string
 
-from checkpoints.jsonpatch import make_patch
 from checkpoints.presentation import diffview
 from checkpoints.presentation.diffview import DiffItem, Segment, build_diff, pretty, word_diff
+from checkpoints.storage.jsonpatch import make_patch
 
 PLAN = (
     "Fly from Berlin to Lisbon on Monday morning, check in at a hotel near Alfama, spend two days "

@@ -18,10 +18,11 @@ from django.test import override_settings
 from agents.models import Agent
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
-from checkpoints import codec, crypto, store
-from checkpoints.crypto import DecryptionFailure
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadKey, ToolResult
-from checkpoints.tools import get_tool_result, put_tool_result
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.crypto import DecryptionFailure
+from checkpoints.storage.tool_results import get_tool_result, put_tool_result
 from quicksave.env import ConfigError, envsecret
 from quicksave.keyring import new_master_key_entry, parse_keyring
 
@@ -32,10 +33,10 @@ SECRET = "sk-live-4f9a0c1e7b2d4e6f8a9b0c1d2e3f4a5b"
 
 @pytest.fixture(autouse=True)
 def fresh_caches() -> Iterator[None]:
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
     yield
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
 
 
@@ -63,48 +64,48 @@ def long_secret_state(step: int) -> dict[str, Any]:
 
 
 def test_checkpoint_payloads_are_sealed_and_read_back(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    first = store.append_checkpoint(thread=thread, parent=None, state=long_secret_state(0))
+    thread, _ = storage.create_thread(agent=agent)
+    first = storage.append_checkpoint(thread=thread, parent=None, state=long_secret_state(0))
     card = [{"op": "add", "path": "/card", "value": SECRET}]
-    second = store.append_checkpoint(thread=thread, parent=first, patch=card)
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=card)
 
     for checkpoint in (first, second):
         stored = payload_of(checkpoint.pk)
         assert stored[0] == crypto.SEALED
         assert SECRET.encode() not in readable(stored)
     crypto.forget_keys()
-    store.clear_caches()
-    assert store.state_at(second.pk)["card"] == SECRET
+    storage.clear_caches()
+    assert storage.state_at(second.pk)["card"] == SECRET
 
 
 def test_a_payload_copied_into_another_row_does_not_decrypt(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    first = store.append_checkpoint(thread=thread, parent=None, state={"a": SECRET})
-    second = store.append_checkpoint(thread=thread, parent=first, state={"a": SECRET, "b": 2})
+    thread, _ = storage.create_thread(agent=agent)
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"a": SECRET})
+    second = storage.append_checkpoint(thread=thread, parent=first, state={"a": SECRET, "b": 2})
     raw("UPDATE checkpoints_checkpoint SET payload = (SELECT payload FROM checkpoints_checkpoint WHERE id = %s) "
         "WHERE id = %s RETURNING id", [first.pk, second.pk])  # fmt: skip
 
     moved = Checkpoint.objects.get(pk=second.pk)
     with pytest.raises(DecryptionFailure, match="altered or moved"):
-        store.decode_payload(moved)
-    assert store.decode_payload(Checkpoint.objects.get(pk=first.pk)) == {"a": SECRET}
+        storage.decode_payload(moved)
+    assert storage.decode_payload(Checkpoint.objects.get(pk=first.pk)) == {"a": SECRET}
 
 
 def test_a_payload_copied_into_another_threads_row_does_not_decrypt(agent: Agent) -> None:
-    mine, _ = store.create_thread(agent=agent)
-    theirs, _ = store.create_thread(agent=agent)
-    source = store.append_checkpoint(thread=mine, parent=None, state={"a": SECRET})
-    target = store.append_checkpoint(thread=theirs, parent=None, state={"a": "x"})
+    mine, _ = storage.create_thread(agent=agent)
+    theirs, _ = storage.create_thread(agent=agent)
+    source = storage.append_checkpoint(thread=mine, parent=None, state={"a": SECRET})
+    target = storage.append_checkpoint(thread=theirs, parent=None, state={"a": "x"})
     # Same checkpoint id bound, different thread key: copy the payload *and* pretend the id matches.
     sealed = payload_of(source.pk)
     with pytest.raises(DecryptionFailure):
-        crypto.unseal(theirs.pk, store.payload_ad(source.pk), sealed)
+        crypto.unseal(theirs.pk, storage.payload_ad(source.pk), sealed)
     with pytest.raises(DecryptionFailure):
-        crypto.unseal(theirs.pk, store.payload_ad(target.pk), sealed)
+        crypto.unseal(theirs.pk, storage.payload_ad(target.pk), sealed)
 
 
 def test_tool_results_are_sealed_and_bound_to_their_key(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="charge-1", tool="stripe", result={"token": SECRET})
     put_tool_result(thread=thread, key="charge-2", tool="stripe", result={"token": "other"})
     stored = bytes(raw("SELECT result FROM checkpoints_toolresult WHERE key = 'charge-1'", [])[0][0])
@@ -121,8 +122,8 @@ def test_tool_results_are_sealed_and_bound_to_their_key(agent: Agent) -> None:
 
 
 def test_approval_args_are_sealed_and_bound_to_their_field(agent: Agent, django_user_model: Any) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={})
+    thread, _ = storage.create_thread(agent=agent)
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={})
     approval = approvals.request_approval(thread=thread, checkpoint=checkpoint, action="pay", args={"card": SECRET})
     reviewer = django_user_model.objects.create_user("rita", is_superuser=True)
     approvals.decide(approval=approval, user=reviewer, decision="approve", args={"card": SECRET, "amount": 5})
@@ -140,17 +141,17 @@ def test_approval_args_are_sealed_and_bound_to_their_field(agent: Agent, django_
 
 
 def test_deleting_a_thread_shreds_its_key_so_a_backup_of_its_rows_is_unreadable(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    head = store.append_checkpoint(thread=thread, parent=None, state=long_secret_state(3))
+    thread, _ = storage.create_thread(agent=agent)
+    head = storage.append_checkpoint(thread=thread, parent=None, state=long_secret_state(3))
     put_tool_result(thread=thread, key="k", result={"token": SECRET})
     backup = {
         "checkpoints": raw("SELECT id, payload FROM checkpoints_checkpoint WHERE thread_id = %s", [thread.pk]),
         "tool_results": raw("SELECT key, result FROM checkpoints_toolresult WHERE thread_id = %s", [thread.pk]),
         "key": raw("SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE thread_id = %s", [thread.pk]),
     }
-    assert backup["key"] and store.state_at(head.pk)["api_key"] == SECRET
+    assert backup["key"] and storage.state_at(head.pk)["api_key"] == SECRET
 
-    store.delete_thread(thread)
+    storage.delete_thread(thread)
 
     assert not Thread.objects.filter(pk=thread.pk).exists()
     assert not ThreadKey.objects.filter(thread_id=thread.pk).exists()
@@ -159,7 +160,7 @@ def test_deleting_a_thread_shreds_its_key_so_a_backup_of_its_rows_is_unreadable(
     for checkpoint_id, payload in backup["checkpoints"]:
         assert SECRET.encode() not in readable(bytes(payload))
         with pytest.raises(DecryptionFailure, match="crypto-shredded"):
-            crypto.unseal(thread.pk, store.payload_ad(checkpoint_id), bytes(payload))
+            crypto.unseal(thread.pk, storage.payload_ad(checkpoint_id), bytes(payload))
     for _key, result in backup["tool_results"]:
         assert SECRET.encode() not in readable(bytes(result))
 
@@ -176,12 +177,12 @@ def test_rotate_keys_rewraps_every_data_key_under_the_new_master_key(
     heads = []
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=old):
         for index in range(3):
-            thread, _ = store.create_thread(agent=agent)
-            heads.append(store.append_checkpoint(thread=thread, parent=None, state={"n": index, "s": SECRET}))
+            thread, _ = storage.create_thread(agent=agent)
+            heads.append(storage.append_checkpoint(thread=thread, parent=None, state={"n": index, "s": SECRET}))
     crypto.forget_keys()
-    store.clear_caches()
+    storage.clear_caches()
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=new), pytest.raises(DecryptionFailure, match="'old'"):
-        store.state_at(heads[0].pk)
+        storage.state_at(heads[0].pk)
 
     out = io.StringIO()
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=f"{new},{old}"):
@@ -192,9 +193,9 @@ def test_rotate_keys_rewraps_every_data_key_under_the_new_master_key(
     assert set(ThreadKey.objects.values_list("master_key_id", flat=True)) == {"new"}
 
     crypto.forget_keys()
-    store.clear_caches()
+    storage.clear_caches()
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=new):
-        assert [store.state_at(head.pk)["n"] for head in heads] == [0, 1, 2]
+        assert [storage.state_at(head.pk)["n"] for head in heads] == [0, 1, 2]
 
 
 def test_rotate_keys_fails_clearly_when_a_wrapping_key_left_the_keyring(
@@ -202,20 +203,20 @@ def test_rotate_keys_fails_clearly_when_a_wrapping_key_left_the_keyring(
 ) -> None:
     old, new = two_master_keys
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=old):
-        store.create_thread(agent=agent)
+        storage.create_thread(agent=agent)
     with override_settings(QUICKSAVE_ENCRYPTION_KEYS=new), pytest.raises(CommandError, match=r"'old'.*not in"):
         call_command("rotate_keys", stdout=io.StringIO())
 
 
 @override_settings(QUICKSAVE_ENCRYPT=False)
 def test_a_thread_made_with_encryption_off_stores_plain_rows(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    head = store.append_checkpoint(thread=thread, parent=None, state={"a": "visible"})
+    thread, _ = storage.create_thread(agent=agent)
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"a": "visible"})
     assert not ThreadKey.objects.filter(thread_id=thread.pk).exists()
     assert payload_of(head.pk)[0] != crypto.SEALED
     crypto.forget_keys()
-    store.clear_caches()
-    assert store.state_at(head.pk) == {"a": "visible"}
+    storage.clear_caches()
+    assert storage.state_at(head.pk) == {"a": "visible"}
 
 
 @pytest.mark.parametrize(

@@ -18,10 +18,10 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from agents.models import Agent
-from checkpoints import export, forks, store
+from checkpoints import export, forks, storage
 from checkpoints.export import InvalidTrajectory, import_thread
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
-from checkpoints.verify import verify_thread
+from checkpoints.storage.verify import verify_thread
 from tests.conftest import person, signed_in
 
 
@@ -29,7 +29,7 @@ def build_trajectory(thread: Thread) -> list[Checkpoint]:
     """Main with snapshots and deltas, a fork (made active, as a person's fork is) that goes on, and an
     empty branch: every shape an export has to carry."""
     written = [
-        store.append_checkpoint(
+        storage.append_checkpoint(
             thread=thread, parent=None, state={"messages": [], "city": "Lisbon"}, step=0, label="start",
             model={"name": "gpt-test", "version": "2024-05", "temperature": 0.2, "top_p": 0.9, "seed": 7},
             metadata={"run": "a"},
@@ -37,7 +37,7 @@ def build_trajectory(thread: Thread) -> list[Checkpoint]:
     ]  # fmt: skip
     for i in range(1, 8):
         written.append(
-            store.append_checkpoint(
+            storage.append_checkpoint(
                 thread=thread, parent=written[-1], step=i, label=f"step {i}", metadata={"i": i},
                 patch=[{"op": "add", "path": "/messages/-", "value": {"role": "tool", "content": f"result {i}"}}],
                 status=ThreadStatus.WAITING_FOR_APPROVAL if i == 7 else ThreadStatus.RUNNING,
@@ -50,12 +50,12 @@ def build_trajectory(thread: Thread) -> list[Checkpoint]:
     )  # fmt: skip
     written.append(fork_head)
     written.append(
-        store.append_checkpoint(
+        storage.append_checkpoint(
             thread=thread, parent=fork_head, state={"messages": [], "city": "Porto", "done": True},
             step=5, label="booked", status=ThreadStatus.COMPLETED,
         )
     )  # fmt: skip
-    store.start_branch(thread=thread, at=written[1], name="empty")
+    storage.start_branch(thread=thread, at=written[1], name="empty")
     return written
 
 
@@ -69,9 +69,9 @@ def exported(thread: Thread) -> bytes:
 
 def summary(checkpoint: Checkpoint) -> tuple[Any, ...]:
     return (
-        store.get_branch_name(checkpoint.branch_id), checkpoint.seq, checkpoint.step, checkpoint.label,
+        storage.get_branch_name(checkpoint.branch_id), checkpoint.seq, checkpoint.step, checkpoint.label,
         checkpoint.status, checkpoint.source, checkpoint.model, checkpoint.metadata, checkpoint.schema_version,
-        store.state_at(checkpoint),
+        storage.state_at(checkpoint),
     )  # fmt: skip
 
 
@@ -106,7 +106,7 @@ def test_round_trip_restores_every_state_branch_and_fork(
 
     # Another installation: its own integrity key, nothing cached from the source.
     settings.QUICKSAVE_INTEGRITY_KEY = "another-installation"
-    store.clear_caches()
+    storage.clear_caches()
     before = Thread.objects.count()
     copy = import_thread(file=io.BytesIO(data), agent=other_agent)
 
@@ -116,7 +116,7 @@ def test_round_trip_restores_every_state_branch_and_fork(
     assert copy.active_branch is not None and copy.active_branch.name == "porto"
     assert copy.head_id is not None
     head = Checkpoint.objects.get(pk=copy.head_id)
-    assert (head.label, store.state_at(head)) == ("booked", {"messages": [], "city": "Porto", "done": True})
+    assert (head.label, storage.state_at(head)) == ("booked", {"messages": [], "city": "Porto", "done": True})
     assert list(verify_thread(copy)) == []  # MACs made with this installation's key
     assert tree(copy) == source_tree
     assert set(tree(copy)) == {"main", "porto", "empty"}
@@ -148,10 +148,10 @@ def test_commands_export_to_a_file_and_import_it_with_progress(
 
 @pytest.mark.django_db
 def test_export_streams_in_batches_in_constant_memory(thread: Thread) -> None:
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"note": ""})
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"note": ""})
     for i in range(3000):
         note = f"{i:05d} " + "lorem ipsum dolor sit amet " * 40  # ~1 KiB per line, whatever the length
-        parent = store.append_checkpoint(thread=thread, parent=parent, patch=[
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=[
             {"op": "replace", "path": "/note", "value": note}])  # fmt: skip
 
     tracemalloc.start()
@@ -192,7 +192,7 @@ def test_owner_key_and_viewer_may_export_others_get_404_or_401(
     owner_client: APIClient, foreign_client: APIClient, viewer_client: APIClient, stranger_client: APIClient,
     anonymous_client: APIClient, thread: Thread,
 ) -> None:  # fmt: skip
-    store.append_checkpoint(thread=thread, parent=None, state={"secret": 1})
+    storage.append_checkpoint(thread=thread, parent=None, state={"secret": 1})
     url = f"/api/v1/threads/{thread.pk}/export/"
 
     assert owner_client.get(url).status_code == 200

@@ -15,7 +15,7 @@ from agents.models import Run, RunReason
 from approvals.services import request_approval
 from audit import trail
 from audit.models import AuditEntry
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Thread, ThreadKey, ThreadStatus
 from tests.conftest import person, signed_in
 
@@ -29,8 +29,8 @@ def admin(db: Any) -> Client:
 
 @pytest.fixture
 def checkpoints(thread: Thread) -> list[Checkpoint]:
-    first = store.append_checkpoint(thread=thread, parent=None, step=0, label="start", state=STATE)
-    second = store.append_checkpoint(thread=thread, parent=first, step=1, label="pick batch size",
+    first = storage.append_checkpoint(thread=thread, parent=None, step=0, label="start", state=STATE)
+    second = storage.append_checkpoint(thread=thread, parent=first, step=1, label="pick batch size",
                                      patch=[{"op": "add", "path": "/settings/batch_size", "value": 5000}])  # fmt: skip
     return [first, second]
 
@@ -102,8 +102,8 @@ def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_
     thread.refresh_from_db()
     assert confirmed.status_code == 302 and confirmed["Location"] == f"/checkpoints/{thread.head_id}/"
     created = Checkpoint.objects.get(pk=str(thread.head_id))
-    assert store.get_branch_name(created.branch_id) == "fork-1" and created.parent_id == checkpoints[1].pk
-    assert store.state_at(created)["settings"] == {"batch_size": 500}
+    assert storage.get_branch_name(created.branch_id) == "fork-1" and created.parent_id == checkpoints[1].pk
+    assert storage.state_at(created)["settings"] == {"batch_size": 500}
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.fork")
     assert entry.actor_name == "ada" and entry.address == "127.0.0.1" and trail.opened(entry).after["patch"] == patch
@@ -243,8 +243,8 @@ def test_confirmation_pages_keep_the_inbox_count_of_the_whole_site(
     """The page counts this thread's pending approvals under a name of its own: it used to take
     the nav's name and so showed this thread's count (or none) as the inbox badge."""
     for trip in ("trip-2", "trip-3"):  # one pending approval a thread
-        other = store.create_thread(agent=thread.agent, external_id=trip)[0]
-        head = store.append_checkpoint(thread=other, parent=None, state={})
+        other = storage.create_thread(agent=thread.agent, external_id=trip)[0]
+        head = storage.append_checkpoint(thread=other, parent=None, state={})
         request_approval(thread=other, checkpoint=head, action="book_flight", args={"flight": "AZ611"})
 
     page = admin.get(f"/threads/{thread.pk}/{action}/").content.decode()

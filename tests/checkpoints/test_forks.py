@@ -25,9 +25,9 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from audit import trail
 from audit.models import AuditEntry
-from checkpoints import forks, store
-from checkpoints.errors import InvalidPatch, StaleParent
+from checkpoints import forks, storage
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, Event, Thread, ThreadStatus
+from checkpoints.storage.errors import InvalidPatch, StaleParent
 from tests.conftest import person
 from tests.processes import ROOT, database_url
 from tests.waiting import wait_until
@@ -53,7 +53,7 @@ def admin_client(ada: User) -> APIClient:
 @pytest.fixture
 def steps(thread: Thread) -> list[Checkpoint]:
     """Four checkpoints on main: a migration that picked a batch size at step 2."""
-    first = store.append_checkpoint(thread=thread, parent=None, step=0, label="start",
+    first = storage.append_checkpoint(thread=thread, parent=None, step=0, label="start",
                                     state={"settings": {}, "migrated": [], "log": []})  # fmt: skip
     made = [first]
     changes: list[list[dict[str, Any]]] = [
@@ -62,7 +62,7 @@ def steps(thread: Thread) -> list[Checkpoint]:
         [{"op": "add", "path": "/log/-", "value": "orders: lock timeout"}],
     ]
     for step, change in enumerate(changes, start=1):
-        made.append(store.append_checkpoint(thread=thread, parent=made[-1], step=step, label=f"step {step}",
+        made.append(storage.append_checkpoint(thread=thread, parent=made[-1], step=step, label=f"step {step}",
                                             patch=change))  # fmt: skip
     return made
 
@@ -101,7 +101,7 @@ def test_an_admin_forks_with_an_edited_state_and_the_head_moves_to_the_new_branc
     assert body["label"] == "fork: 5000 rows lock the table"
     assert body["metadata"]["author"] == "ada" and body["metadata"]["reason"] == "5000 rows lock the table"
     assert body["run"] is None
-    assert store.state_at(body["id"]) == {"settings": {"batch_size": 500}, "migrated": ["users"], "log": []}
+    assert storage.state_at(body["id"]) == {"settings": {"batch_size": 500}, "migrated": ["users"], "log": []}
 
     thread.refresh_from_db()
     assert thread.active_branch is not None and thread.active_branch.name == "fork-1"
@@ -281,7 +281,7 @@ def test_resume_queues_one_fork_run_and_the_agent_completes_on_the_new_branch(ad
     assert thread.active_branch.name == "fork-1"
     head = Checkpoint.objects.get(pk=str(thread.head_id))
     assert head.branch_id == thread.active_branch_id and head.label == "migration complete"
-    state = store.state_at(head)
+    state = storage.state_at(head)
     assert state["settings"] == {"batch_size": 500} and len(state["migrated"]) == 20
     old_head = Checkpoint.objects.filter(thread=thread, branch__name="main").order_by("-seq").first()
     assert old_head is not None and old_head.status == "failed" and old_head.step == 20
@@ -317,7 +317,8 @@ def test_decisions_on_the_old_branch_are_not_replayed_unless_carried_over(ada: U
     thread.refresh_from_db()
     assert thread.status == ThreadStatus.COMPLETED and thread.active_branch_id == carried.branch_id
     assert not ApprovalRequest.objects.filter(thread=thread, checkpoint__branch_id=carried.branch_id).exists()
-    assert store.latest_state(thread=thread, branch=store.get_branch_name(carried.branch_id))[1]["phase"] == "booked"
+    carried_branch = storage.get_branch_name(carried.branch_id)
+    assert storage.latest_state(thread=thread, branch=carried_branch)[1]["phase"] == "booked"
     entry = AuditEntry.objects.get(thread=thread, action="thread.fork", after__branch="fork-2")
     assert entry.after["carry_approval"] == str(asked.pk) and entry.after["cancelled_approvals"] == [str(fresh.pk)]
 
@@ -325,8 +326,8 @@ def test_decisions_on_the_old_branch_are_not_replayed_unless_carried_over(ada: U
 def test_only_a_decided_approval_of_the_same_thread_can_be_carried_over(
     admin_client: APIClient, thread: Thread, steps: list[Checkpoint]
 ) -> None:
-    other = store.create_thread(agent=thread.agent, external_id="other")[0]
-    other_first = store.append_checkpoint(thread=other, parent=None, state={})
+    other = storage.create_thread(agent=thread.agent, external_id="other")[0]
+    other_first = storage.append_checkpoint(thread=other, parent=None, state={})
     foreign = ApprovalRequest.objects.create(thread=other, checkpoint=other_first, action="x",
                                              status=ApprovalStatus.APPROVED)  # fmt: skip
     pending = ApprovalRequest.objects.create(thread=thread, checkpoint=steps[-1], action="x")
@@ -368,7 +369,7 @@ def test_a_fork_supersedes_the_old_branch_s_pending_approval_and_queued_runs(
 
 def test_rerun_is_an_unedited_fork_that_resumes(ada: User, thread: Thread, steps: list[Checkpoint]) -> None:
     created = forks.rerun(checkpoint=steps[2], user=ada, reason="flaky tool")
-    assert store.state_at(created) == store.state_at(steps[2])
+    assert storage.state_at(created) == storage.state_at(steps[2])
     assert created.source == CheckpointSource.HUMAN and created.label == "re-run: flaky tool"
     assert Run.objects.get(checkpoint=created).reason == RunReason.FORK
     entry = AuditEntry.objects.get(thread=thread, action="thread.rerun")
@@ -387,7 +388,7 @@ def test_a_rolled_back_fork_leaves_no_branch_behind_in_the_store_s_cache(
     assert not Branch.objects.filter(thread=thread, name="retry").exists()
     monkeypatch.undo()
     created = forks.fork(checkpoint=steps[1], user=ada, reason="second try", branch="retry")
-    assert store.get_branch_name(created.branch_id) == "retry"
+    assert storage.get_branch_name(created.branch_id) == "retry"
 
 
 def test_domain_functions_refuse_people_without_the_admin_role(thread: Thread, steps: list[Checkpoint]) -> None:
@@ -534,17 +535,17 @@ WRITER = textwrap.dedent(
     from uuid import UUID
     import django
     django.setup()
-    from checkpoints import store
-    from checkpoints.errors import StaleParent
+    from checkpoints import storage
+    from checkpoints.storage.errors import StaleParent
     from checkpoints.models import Thread
 
     thread = Thread.objects.get(pk=sys.argv[1])
     name, count = sys.argv[2], int(sys.argv[3])
-    head = store.branch_head(thread_id=thread.pk, branch_id=thread.branches.get(name="main").pk)[0]
+    head = storage.branch_head(thread_id=thread.pk, branch_id=thread.branches.get(name="main").pk)[0]
     written = stale = 0
     while written < count:
         try:
-            made = store.append_checkpoint(
+            made = storage.append_checkpoint(
                 thread=thread, parent=head, label=f"{name} {written}", metadata={"writer": name},
                 patch=[{"op": "add", "path": "/log/-", "value": f"{name}-{written}"}],
                 # Half the writes name the branch, half let it follow the parent, as agents do.
@@ -568,8 +569,8 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
     ada = person("ada", "admin")
     from agents.keys import get_or_create_agent
 
-    thread = store.create_thread(agent=get_or_create_agent(name="migration"), external_id="race")[0]
-    store.append_checkpoint(thread=thread, parent=None, state={"log": []}, label="start")
+    thread = storage.create_thread(agent=get_or_create_agent(name="migration"), external_id="race")[0]
+    storage.append_checkpoint(thread=thread, parent=None, state={"log": []}, label="start")
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "quicksave.settings", "DATABASE_URL": database_url()}
     writers = [
         subprocess.Popen(
@@ -596,7 +597,7 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
                               patch=[{"op": "add", "path": "/log/-", "value": "edited"}])  # fmt: skip
             parent = made
             for _ in range(2):  # the new branch's own agent writes after the fork
-                parent = store.append_checkpoint(thread=thread, parent=parent, patch=[], metadata={"writer": "fork"})
+                parent = storage.append_checkpoint(thread=thread, parent=parent, patch=[], metadata={"writer": "fork"})
             forked.append(made)
             time.sleep(randomly.uniform(0.0, 0.05))  # jitter: forks land at varied points of the writers' runs
             if time.monotonic() > deadline:
@@ -639,9 +640,9 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
     assert head.branch_id == latest.pk and head.seq == max(row.seq for row in rows if row.branch_id == latest.pk)
     events = list(Event.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert events == list(range(1, thread.event_seq + 1))
-    store.clear_caches()  # replay every branch head from the database, checking each row's MAC
+    storage.clear_caches()  # replay every branch head from the database, checking each row's MAC
     for branch in branches:
-        assert store.latest_state(thread=thread, branch=branch.name)[0] is not None
+        assert storage.latest_state(thread=thread, branch=branch.name)[0] is not None
     print(f"stale-parent retries in the writers: {[result['stale'] for result in results]}; forks: {len(forked)}")
 
 
@@ -650,6 +651,6 @@ def test_stale_parent_is_what_an_agent_gets_for_an_old_parent_after_a_fork(
 ) -> None:
     forks.fork(checkpoint=steps[1], user=ada, reason="r")
     with pytest.raises(StaleParent):
-        store.append_checkpoint(thread=thread, parent=steps[1], patch=[])  # main's head is steps[-1]
+        storage.append_checkpoint(thread=thread, parent=steps[1], patch=[])  # main's head is steps[-1]
     with pytest.raises(InvalidPatch):
         forks.fork(checkpoint=steps[1], user=ada, reason="r", patch=[{"op": "remove", "path": "/gone"}])

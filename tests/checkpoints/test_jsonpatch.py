@@ -1,4 +1,4 @@
-"""Unit tests for checkpoints.jsonpatch (RFC 6902 JSON Patch / RFC 6901 JSON Pointer); no database needed."""
+"""Unit tests for checkpoints.storage.jsonpatch (RFC 6902 JSON Patch / RFC 6901 JSON Pointer); no database needed."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from checkpoints import jsonpatch
-from checkpoints.jsonpatch import (
+from checkpoints.storage import jsonpatch
+from checkpoints.storage.jsonpatch import (
     Applied,
     Op,
     PatchError,

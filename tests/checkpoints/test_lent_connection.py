@@ -1,4 +1,4 @@
-"""checkpoints.lent_connection: threads without a connection of their own borrow one the
+"""checkpoints.storage.lent_connection: threads without a connection of their own borrow one the
 process keeps open, instead of each setting one up and tearing it down."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 
 from agents.models import Agent
-from checkpoints import lent_connection
+from checkpoints.storage import lent_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

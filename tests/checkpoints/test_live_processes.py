@@ -29,7 +29,7 @@ from django.test import Client
 from agents.demo import CodeReviewAgent
 from agents.keys import create_agent_key, get_or_create_agent
 from agents.runtime import start_thread
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread
 from tests.conftest import person
 from tests.processes import ROOT, RedisServer, database_url, free_port, start_server, stop
@@ -142,7 +142,7 @@ def test_what_a_server_on_another_redis_wrote_reaches_a_socket_by_replay_when_it
     try:
         agent = get_or_create_agent(name="code-review")
         _, key = create_agent_key(agent=agent)
-        thread, _ = store.create_thread(agent=agent, external_id="unheard")
+        thread, _ = storage.create_thread(agent=agent, external_id="unheard")
         seen = last_seq(thread.pk)
         headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{server_a}"}
         url = f"ws://127.0.0.1:{server_a}/ws/threads/{thread.pk}/?after_seq={seen}"
@@ -215,7 +215,7 @@ def test_revoking_a_key_through_one_server_closes_its_sockets_on_the_other(serve
     server_a, server_b = servers
     agent = get_or_create_agent(name="code-review")
     key_row, key = create_agent_key(agent=agent)
-    thread, _ = store.create_thread(agent=agent, external_id="revoked")
+    thread, _ = storage.create_thread(agent=agent, external_id="revoked")
     admin = person("ada", "admin")
     browser_b = _session_browser(server_b, admin)
     revoke_page = f"/agents/keys/{key_row.prefix}/revoke/"
@@ -237,7 +237,7 @@ def test_revoking_a_key_through_one_server_closes_its_sockets_on_the_other(serve
 @pytest.mark.parametrize("path", ["/ws/threads/{thread}/", "/ws/threads/", "/ws/inbox/"])
 def test_signing_out_through_one_server_closes_the_sessions_sockets_on_the_other(servers: list[int], path: str) -> None:
     server_a, server_b = servers
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="code-review"), external_id="signed-out")
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="code-review"), external_id="signed-out")
     browser_b = _session_browser(server_b, person("vera", "viewer"))
     token = _csrf(browser_b, "/")  # every page has the sign-out form
 
@@ -263,7 +263,7 @@ def test_a_websocket_while_redis_is_down_is_refused_with_4503_not_an_http_500(db
     try:
         redis_server.kill()
         agent = get_or_create_agent(name="code-review")
-        thread, _ = store.create_thread(agent=agent, external_id="no-redis")
+        thread, _ = storage.create_thread(agent=agent, external_id="no-redis")
         _, key = create_agent_key(agent=agent)
         headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{port}"}
 

@@ -8,9 +8,10 @@ import pytest
 from django.db import connection
 
 from agents.models import Agent
-from checkpoints import codec, store
-from checkpoints.errors import IntegrityFailure
+from checkpoints import storage
 from checkpoints.models import Checkpoint, MaterialisedHead, Thread
+from checkpoints.storage import codec, payloads, reads
+from checkpoints.storage.errors import IntegrityFailure
 from tests.checkpoints.test_store import grow
 from tests.conftest import message
 
@@ -25,13 +26,13 @@ def postgresql_only(settings: Any) -> None:
 def verified(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The seqs of the rows each replay checks, in order."""
     seqs: list[int] = []
-    original = store._verify
+    original = payloads.verify_row
 
     def counting(row: Any, *, parent_integrity: bytes | None) -> None:
         seqs.append(row.seq)
         original(row, parent_integrity=parent_integrity)
 
-    monkeypatch.setattr(store, "_verify", counting)
+    monkeypatch.setattr(reads, "verify_row", counting)
     return seqs
 
 
@@ -44,7 +45,7 @@ def extend(thread: Thread, parent: Checkpoint, steps: int) -> list[Checkpoint]:
             {"op": "add", "path": "/messages/-", "value": message(step)},
             {"op": "replace", "path": "/step", "value": step},
         ]
-        parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=step)
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=step)
         written.append(parent)
     return written
 
@@ -52,7 +53,7 @@ def extend(thread: Thread, parent: Checkpoint, steps: int) -> list[Checkpoint]:
 def grow_long_chain(thread: Thread) -> list[Checkpoint]:
     """Checkpoints up to a head far enough from its snapshot that a cold read saves its state."""
     written = grow(thread, 40)
-    while written[-1].chain_bytes * store.REPLAY_COST_PER_BYTE * 2 <= written[-1].state_bytes:
+    while written[-1].chain_bytes * reads.REPLAY_COST_PER_BYTE * 2 <= written[-1].state_bytes:
         written += extend(thread, written[-1], 1)
     assert written[-1].chain_length >= 5
     return written
@@ -64,14 +65,15 @@ def head_branch(thread: Thread) -> int:
 
 
 def cold_latest(thread: Thread) -> dict[str, Any]:
-    store.clear_caches()
-    return store.latest_state(thread=thread)[1]
+    storage.clear_caches()
+    return storage.latest_state(thread=thread)[1]
 
 
 def test_a_cold_read_that_replays_many_deltas_saves_the_head_and_the_next_starts_there(
     thread: Thread, verified: list[int]
 ) -> None:
     written = grow_long_chain(thread)
+    verified.clear()
 
     first = cold_latest(thread)
     assert len(verified) == written[-1].chain_length + 1  # replayed from the last snapshot
@@ -95,13 +97,13 @@ def test_a_later_write_makes_the_saved_head_a_starting_point_not_the_answer(
 
     assert state["step"] == later[-1].step and state["messages"][-1] == message(state["step"])
     assert verified == [row.seq for row in later]  # only the deltas after the saved head
-    store.clear_caches()
-    assert store.state_at(written[-1])["step"] == written[-1].step  # its own checkpoint reads from it too
+    storage.clear_caches()
+    assert storage.state_at(written[-1])["step"] == written[-1].step  # its own checkpoint reads from it too
 
 
 def test_a_forged_saved_head_is_ignored(agent: Agent, settings: Any, verified: list[int]) -> None:
     settings.QUICKSAVE_ENCRYPT = False  # nothing sealed: the head's MAC alone refuses the forgery
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     written = grow_long_chain(thread)
     honest = cold_latest(thread)
     forged = codec.encode(codec.to_canonical_bytes({**honest, "step": 999}))

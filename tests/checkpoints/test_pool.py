@@ -6,8 +6,8 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from checkpoints import codec
-from checkpoints.pool import Pool
+from checkpoints.storage import codec
+from checkpoints.storage.pool import Pool
 
 
 def test_threads_that_come_one_after_another_reuse_one_object() -> None:

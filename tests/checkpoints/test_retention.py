@@ -20,11 +20,12 @@ from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
 from audit.models import AuditEntry
-from checkpoints import export, retention, store
+from checkpoints import export, retention, storage
 from checkpoints.export import import_thread
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey, ThreadStatus, ToolResult
-from checkpoints.tools import put_tool_result
-from checkpoints.verify import verify_thread
+from checkpoints.storage import nodes
+from checkpoints.storage.tool_results import put_tool_result
+from checkpoints.storage.verify import verify_thread
 from tests.checkpoints.test_hotcache import a_fresh_process
 from tests.processes import RedisServer
 
@@ -44,10 +45,10 @@ def private_blob_storage(settings: Any, tmp_path: Path) -> Path:
 
 def finished(agent: Agent, *, status: str, days_old: float, steps: int = 3) -> Thread:
     """A thread with a few checkpoints, in `status`, last updated `days_old` days ago."""
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     parent = None
     for i in range(steps):
-        parent = store.append_checkpoint(thread=thread, parent=parent, state={"step": i}, step=i)
+        parent = storage.append_checkpoint(thread=thread, parent=parent, state={"step": i}, step=i)
     Thread.objects.filter(pk=thread.pk).update(status=status, updated_at=timezone.now() - timedelta(days=days_old))
     return Thread.objects.get(pk=thread.pk)
 
@@ -67,7 +68,7 @@ def long_history(
     for i in range(steps):
         if parent is None:
             first = {"messages": [], "step": 0, "scratch": {}, "notes": {}}
-            parent = store.append_checkpoint(thread=thread, parent=None, state=first)
+            parent = storage.append_checkpoint(thread=thread, parent=None, state=first)
             written.append(parent)
             continue
         ops: list[dict[str, Any]] = [
@@ -78,14 +79,14 @@ def long_history(
         ]
         if i % 3 == 0 and i > 2:
             ops.append({"op": "remove", "path": f"/notes/{line}{i - 2}"})
-        parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=i, branch=branch)
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=i, branch=branch)
         written.append(parent)
     return written
 
 
 def every_state(thread: Thread) -> dict[UUID, dict[str, Any]]:
-    store.clear_caches()
-    return {c.pk: store.state_at(c) for c in Checkpoint.objects.filter(thread=thread)}
+    storage.clear_caches()
+    return {c.pk: storage.state_at(c) for c in Checkpoint.objects.filter(thread=thread)}
 
 
 def rows_of(thread: Thread) -> list[tuple[Any, ...]]:
@@ -144,7 +145,7 @@ def test_dry_run_changes_nothing_and_reports_the_same_counts(agent: Agent, setti
     retention.set_policy(agent=agent, completed_days=10, compact_after=50, keep_every=5)
     for _ in range(2):
         finished(agent, status=ThreadStatus.COMPLETED, days_old=11)
-    long = store.create_thread(agent=agent)[0]
+    long = storage.create_thread(agent=agent)[0]
     long_history(long, 120)
     Thread.objects.filter(pk=long.pk).update(status=ThreadStatus.PAUSED, updated_at=timezone.now() - timedelta(days=2))
     before_threads = set(Thread.objects.values_list("pk", flat=True))
@@ -172,10 +173,10 @@ def test_compaction_keeps_every_remaining_state_and_the_checkpoints_things_point
     agent: Agent, settings: Any
 ) -> None:
     settings.QUICKSAVE_SNAPSHOT_EVERY = 40  # stored snapshots along the way, some of them removed
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     main = long_history(thread, 300)
     fork_point = main[136]  # seq 137
-    store.start_branch(thread=thread, at=fork_point, name="alt")
+    storage.start_branch(thread=thread, at=fork_point, name="alt")
     alt = long_history(thread, 40, start=fork_point, branch="alt")
     approval = request_approval(thread=thread, checkpoint=main[149], action="book", args={"flight": "LH 400"})
     ApprovalRequest.objects.filter(pk=approval.pk).update(status=ApprovalStatus.APPROVED)
@@ -219,26 +220,26 @@ def test_compaction_keeps_every_remaining_state_and_the_checkpoints_things_point
     # A compacted thread exports, and imports into a thread with the same states.
     copy = import_thread(file=io.BytesIO(b"".join(export.export_lines(thread))), agent=agent, external_id="copy")
     in_order = ("branch__created_at", "branch_id", "seq")
-    copied = [store.state_at(c) for c in Checkpoint.objects.filter(thread=copy).order_by(*in_order)]
+    copied = [storage.state_at(c) for c in Checkpoint.objects.filter(thread=copy).order_by(*in_order)]
     assert copied == [before[pk] for pk in Checkpoint.objects.filter(thread=thread).order_by(*in_order).values_list(
         "pk", flat=True)]  # fmt: skip
 
     # The store goes on from the compacted rows: appends on both branches, a new fork, fresh reads.
-    head = store.append_checkpoint(thread=thread, parent=main[-1], patch=[{"op": "replace", "path": "/step", "value":
+    head = storage.append_checkpoint(thread=thread, parent=main[-1], patch=[{"op": "replace", "path": "/step", "value":
                                                                             999}])  # fmt: skip
-    alt_head = store.append_checkpoint(thread=thread, parent=alt[-1], state={"restart": True})
-    store.start_branch(thread=thread, at=main[150], name="late")
-    late = store.append_checkpoint(thread=thread, parent=main[150], patch=[{"op": "add", "path": "/late", "value": 1}],
-                                   branch="late")  # fmt: skip
-    store.clear_caches()
-    assert store.state_at(head) == {**before[main[-1].pk], "step": 999}
-    assert store.state_at(alt_head) == {"restart": True}
-    assert store.state_at(late) == {**before[main[150].pk], "late": 1}
+    alt_head = storage.append_checkpoint(thread=thread, parent=alt[-1], state={"restart": True})
+    storage.start_branch(thread=thread, at=main[150], name="late")
+    late = storage.append_checkpoint(thread=thread, parent=main[150], branch="late",
+                                     patch=[{"op": "add", "path": "/late", "value": 1}])  # fmt: skip
+    storage.clear_caches()
+    assert storage.state_at(head) == {**before[main[-1].pk], "step": 999}
+    assert storage.state_at(alt_head) == {"restart": True}
+    assert storage.state_at(late) == {**before[main[150].pk], "late": 1}
     assert list(verify_thread(thread)) == []
 
 
 def test_compacting_again_with_the_same_n_changes_nothing(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 60)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     first = retention.compact_thread(thread=thread, keep_every=7)
@@ -251,7 +252,7 @@ def test_compacting_again_with_the_same_n_changes_nothing(agent: Agent) -> None:
 
 
 def test_a_thread_with_a_tampered_row_is_not_compacted(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     written = long_history(thread, 40)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     Checkpoint.objects.filter(pk=written[20].pk).update(label="edited behind Quicksave's back")
@@ -267,7 +268,7 @@ def test_running_and_waiting_threads_are_not_compacted_even_when_long_and_old(ag
     retention.set_policy(agent=agent, completed_days=1, failed_days=1, compact_after=10, keep_every=3)
     busy = []
     for status in (ThreadStatus.RUNNING, ThreadStatus.WAITING_FOR_APPROVAL):
-        thread = store.create_thread(agent=agent)[0]
+        thread = storage.create_thread(agent=agent)[0]
         long_history(thread, 30)
         Thread.objects.filter(pk=thread.pk).update(status=status, updated_at=timezone.now() - timedelta(days=90))
         busy.append((thread, rows_of(thread)))
@@ -284,7 +285,7 @@ def test_running_and_waiting_threads_are_not_compacted_even_when_long_and_old(ag
 def test_prune_compacts_a_thread_only_once_it_has_been_idle_for_a_while(agent: Agent, settings: Any) -> None:
     settings.QUICKSAVE_COMPACT_IDLE_HOURS = 24
     retention.set_policy(agent=agent, compact_after=10, keep_every=3)
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 30)
     Thread.objects.filter(pk=thread.pk).update(
         status=ThreadStatus.COMPLETED, updated_at=timezone.now() - timedelta(hours=23)
@@ -298,7 +299,7 @@ def test_prune_compacts_a_thread_only_once_it_has_been_idle_for_a_while(agent: A
 
 
 def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 30)
     old = timezone.now() - timedelta(days=3)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED, updated_at=old)
@@ -309,26 +310,27 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
     assert thread.events.filter(type="thread.compacted").exists()  # the live page refreshes
 
 
+@pytest.mark.django_db(transaction=True)  # a reader's state goes to Redis once its transaction commits
 def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_server: RedisServer) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     written = long_history(thread, 30)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.PAUSED)
     a_fresh_process()
-    head, state = store.latest_state(thread=thread)  # puts the head's state, MAC and chain into Redis
+    head, state = storage.latest_state(thread=thread)  # puts the head's state, MAC and chain into Redis
     assert head == written[-1].pk and redis_server.entry(head) is not None
 
     retention.compact_thread(thread=thread, keep_every=4)
 
     assert redis_server.entry(head) is None
     a_fresh_process()  # another server: it must learn the head's new MAC from PostgreSQL
-    after = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "add", "path": "/resumed", "value": 1}])
+    after = storage.append_checkpoint(thread=thread, parent=head, patch=[{"op": "add", "path": "/resumed", "value": 1}])
     a_fresh_process()
-    assert store.state_at(after) == {**state, "resumed": 1}
+    assert storage.state_at(after) == {**state, "resumed": 1}
     assert list(verify_thread(thread)) == []
 
 
 def test_compaction_waits_while_it_cannot_drop_hot_entries(agent: Agent, redis_server: RedisServer) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 30)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     rows = rows_of(thread)
@@ -347,7 +349,7 @@ def test_prune_command_shows_progress_and_a_summary(agent: Agent) -> None:
     retention.set_policy(agent=agent, completed_days=5, compact_after=20, keep_every=4)
     for _ in range(3):
         finished(agent, status=ThreadStatus.COMPLETED, days_old=6)
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 41)
     Thread.objects.filter(pk=thread.pk).update(
         status=ThreadStatus.FAILED, updated_at=timezone.now() - timedelta(days=2)
@@ -439,7 +441,7 @@ def test_retention_command_names_the_agents_it_knows(agent: Agent) -> None:
 
 def test_bytes_freed_is_what_the_payload_column_lost(agent: Agent) -> None:
     """Bytes freed is the change in the payload column, as PostgreSQL measures it."""
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 50)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.CANCELLED)
 
@@ -460,13 +462,13 @@ def test_compaction_keeps_large_values_and_prune_collects_those_left_behind(agen
     settings.QUICKSAVE_OFFLOAD_BYTES = 2048
     settings.QUICKSAVE_BLOB_GRACE_SECONDS = 0  # the blobs were all used moments ago
     retention.set_policy(agent=agent, compact_after=10, keep_every=5)
-    thread = store.create_thread(agent=agent)[0]
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"step": 0, "attachment": "v0 " * 1000})
+    thread = storage.create_thread(agent=agent)[0]
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"step": 0, "attachment": "v0 " * 1000})
     for i in range(1, 21):
         ops: list[dict[str, Any]] = [{"op": "replace", "path": "/step", "value": i}]
         if i % 4 == 0:
             ops.append({"op": "replace", "path": "/attachment", "value": f"v{i} " * 1000})
-        parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops)
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops)
     Thread.objects.filter(pk=thread.pk).update(
         status=ThreadStatus.COMPLETED, updated_at=timezone.now() - timedelta(days=2)
     )
@@ -486,23 +488,25 @@ def test_compaction_keeps_large_values_and_prune_collects_those_left_behind(agen
 def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_after_compaction(
     agent: Agent,
 ) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     written = long_history(thread, 60)
     head = written[-1]
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
-    store.clear_caches()
-    expected = store.state_at(head)
+    storage.clear_caches()
+    expected = storage.state_at(head)
     # What another server process holds: the head and a middle checkpoint as they were before.
-    stale = [store.load_node(head.pk), store.load_node(written[31].pk)]
+    stale = [storage.load_node(head.pk), storage.load_node(written[31].pk)]
     retention.compact_thread(thread=thread, keep_every=7)
     assert Checkpoint.objects.get(pk=head.pk).integrity != stale[0].integrity  # the head's chain was rewritten
 
     for node in stale:
-        store._cache.put(node)  # the other process never heard of the compaction
-    assert store.state_at(head) == expected
-    after = store.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/step", "value": 99}])
-    store.clear_caches()
-    assert store.state_at(after) == {**expected, "step": 99}
+        nodes.states.put(node.id, node)  # the other process never heard of the compaction
+    assert storage.state_at(head) == expected
+    after = storage.append_checkpoint(
+        thread=thread, parent=head, patch=[{"op": "replace", "path": "/step", "value": 99}]
+    )
+    storage.clear_caches()
+    assert storage.state_at(after) == {**expected, "step": 99}
     assert list(verify_thread(Thread.objects.get(pk=thread.pk))) == []
 
 
@@ -510,7 +514,7 @@ def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_aft
 def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten_parent(
     agent: Agent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     head = long_history(thread, 30)[-1]
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     applied, release = threading.Event(), threading.Event()
@@ -532,7 +536,7 @@ def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten
 
     def append() -> None:
         try:
-            appended.append(store.append_checkpoint(thread=thread, parent=head.pk, patch=[
+            appended.append(storage.append_checkpoint(thread=thread, parent=head.pk, patch=[
                 {"op": "replace", "path": "/step", "value": 99}]))  # fmt: skip
         except Exception as exc:  # the assertion below shows it
             appended.append(exc)
@@ -553,5 +557,5 @@ def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten
     assert isinstance(child, Checkpoint), child
     assert child.parent_id == head.pk
     assert list(verify_thread(Thread.objects.get(pk=thread.pk))) == []
-    store.clear_caches()
-    assert store.state_at(child.pk)["step"] == 99
+    storage.clear_caches()
+    assert storage.state_at(child.pk)["step"] == 99

@@ -18,7 +18,7 @@ from django.test import Client
 from agents.auth import AgentPrincipal
 from agents.keys import create_agent_key, find_agent_key, get_or_create_agent, revoke_agent_key
 from agents.models import AgentKey
-from checkpoints import live, store
+from checkpoints import live, storage
 from checkpoints.models import Thread
 from tests.conftest import handshake, person, signed_in
 from tests.processes import RedisServer
@@ -58,8 +58,8 @@ def no_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _thread() -> Thread:
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"))
-    store.append_checkpoint(thread=thread, parent=None, state={"i": 0})
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"))
+    storage.append_checkpoint(thread=thread, parent=None, state={"i": 0})
     return thread
 
 
@@ -74,8 +74,8 @@ def _agent(raw: str) -> AgentPrincipal:
 
 
 def _append(thread: Thread) -> None:
-    head, _ = store.latest_state(thread=thread)
-    store.append_checkpoint(thread=thread, parent=head, state={"i": 1})
+    head, _ = storage.latest_state(thread=thread)
+    storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
 
 
 def _session_cookie(browser: Client) -> list[tuple[bytes, bytes]]:

@@ -14,49 +14,56 @@ from django.core.management.base import CommandError
 from django.db import connection, connections
 
 from agents.models import Agent
-from checkpoints import store
-from checkpoints.errors import IntegrityFailure, InvalidPatch, InvalidState, NotFound, StaleParent, StateTooLarge
-from checkpoints.jsonpatch import canonical_size
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Event, PayloadKind, Thread, ThreadStatus
+from checkpoints.storage.errors import (
+    IntegrityFailure,
+    InvalidPatch,
+    InvalidState,
+    NotFound,
+    StaleParent,
+    StateTooLarge,
+)
+from checkpoints.storage.jsonpatch import canonical_size
 from tests.conftest import message
 
 
 def grow(thread: Thread, steps: int, *, start: Checkpoint | None = None, use_patch: bool = True) -> list[Checkpoint]:
     """Append `steps` checkpoints that each add one message and bump `step`."""
-    parent = start or store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0})
+    parent = start or storage.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0})
     written = [parent]
-    state = store.state_at(parent)
+    state = storage.state_at(parent)
     for i in range(1, steps + 1):
         if use_patch:
             ops: list[dict[str, Any]] = [
                 {"op": "add", "path": "/messages/-", "value": message(i)},
                 {"op": "replace", "path": "/step", "value": i},
             ]
-            parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=i)
+            parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=i)
         else:
             state = {**state, "messages": [*state["messages"], message(i)], "step": i}
-            parent = store.append_checkpoint(thread=thread, parent=parent, state=state, step=i)
+            parent = storage.append_checkpoint(thread=thread, parent=parent, state=state, step=i)
         written.append(parent)
     return written
 
 
 def test_first_checkpoint_is_a_snapshot_of_the_given_state(thread: Thread) -> None:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"], "budget": 900})
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"], "budget": 900})
 
     assert checkpoint.kind == PayloadKind.SNAPSHOT
     assert checkpoint.seq == 1
-    store.clear_caches()
-    assert store.state_at(checkpoint) == {"plan": ["fly"], "budget": 900}
+    storage.clear_caches()
+    assert storage.state_at(checkpoint) == {"plan": ["fly"], "budget": 900}
 
 
 def test_patch_and_full_state_writes_materialise_the_same_states(agent: Agent) -> None:
-    by_patch = grow(store.create_thread(agent=agent)[0], 30, use_patch=True)
-    by_state = grow(store.create_thread(agent=agent)[0], 30, use_patch=False)
-    store.clear_caches()
+    by_patch = grow(storage.create_thread(agent=agent)[0], 30, use_patch=True)
+    by_state = grow(storage.create_thread(agent=agent)[0], 30, use_patch=False)
+    storage.clear_caches()
 
     for left, right in zip(by_patch, by_state, strict=True):
-        assert store.state_at(left) == store.state_at(right)
-    assert store.state_at(by_patch[-1])["messages"][-1] == message(30)
+        assert storage.state_at(left) == storage.state_at(right)
+    assert storage.state_at(by_patch[-1])["messages"][-1] == message(30)
 
 
 def test_most_checkpoints_are_deltas_and_snapshots_come_when_replay_would_cost_more(thread: Thread) -> None:
@@ -69,8 +76,8 @@ def test_most_checkpoints_are_deltas_and_snapshots_come_when_replay_would_cost_m
     assert max(len(bytes(row.payload)) for row in deltas) < 1000  # one message, not the whole state
     for row in rows:
         assert row.chain_bytes <= row.state_bytes
-    store.clear_caches()
-    assert [len(store.state_at(c)["messages"]) for c in written] == list(range(301))
+    storage.clear_caches()
+    assert [len(storage.state_at(c)["messages"]) for c in written] == list(range(301))
 
 
 def test_snapshot_every_n_bounds_the_replay_chain(thread: Thread, settings: Any) -> None:
@@ -86,27 +93,27 @@ def test_snapshot_every_n_bounds_the_replay_chain(thread: Thread, settings: Any)
 def test_state_bytes_is_the_size_of_the_canonical_state(thread: Thread) -> None:
     written = grow(thread, 10)
     written.append(
-        store.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/messages/0"}])
+        storage.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/messages/0"}])
     )
     for checkpoint in written:
-        assert checkpoint.state_bytes == canonical_size(store.state_at(checkpoint))
+        assert checkpoint.state_bytes == canonical_size(storage.state_at(checkpoint))
 
 
 def test_stale_parent_is_rejected_with_head(thread: Thread) -> None:
-    first = store.append_checkpoint(thread=thread, parent=None, state={"n": 0})
-    second = store.append_checkpoint(thread=thread, parent=first, state={"n": 1})
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+    second = storage.append_checkpoint(thread=thread, parent=first, state={"n": 1})
 
     with pytest.raises(StaleParent) as raised:
-        store.append_checkpoint(thread=thread, parent=first, state={"n": 2})
+        storage.append_checkpoint(thread=thread, parent=first, state={"n": 2})
     assert raised.value.detail["head"] == str(second.pk)
     with pytest.raises(StaleParent):
-        store.append_checkpoint(thread=thread, parent=None, state={"n": 3})
+        storage.append_checkpoint(thread=thread, parent=None, state={"n": 3})
     assert Checkpoint.objects.filter(thread=thread).count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
 def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
+    thread = storage.create_thread(agent=agent)[0]
     parent = grow(thread, 3)[-1]
     barrier = threading.Barrier(20)
     outcomes: list[str] = []
@@ -115,7 +122,7 @@ def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: 
     def write(n: int) -> None:
         try:
             barrier.wait()
-            store.append_checkpoint(
+            storage.append_checkpoint(
                 thread=thread, parent=parent, patch=[{"op": "replace", "path": "/step", "value": n}]
             )
             result = "won"
@@ -141,17 +148,17 @@ def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: 
 
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
-    store.append_checkpoint(thread=thread, parent=None, state={"log": []})
+    thread = storage.create_thread(agent=agent)[0]
+    storage.append_checkpoint(thread=thread, parent=None, state={"log": []})
 
     def write(n: int) -> None:
         try:
             for i in range(10):
                 while True:
-                    head, _ = store.latest_state(thread=thread)
+                    head, _ = storage.latest_state(thread=thread)
                     try:
                         ops = [{"op": "add", "path": "/log/-", "value": f"{n}.{i}"}]
-                        store.append_checkpoint(thread=thread, parent=head, patch=ops)
+                        storage.append_checkpoint(thread=thread, parent=head, patch=ops)
                         break
                     except StaleParent:
                         continue
@@ -166,29 +173,29 @@ def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) ->
 
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, 42))
-    _, state = store.latest_state(thread=thread)
+    _, state = storage.latest_state(thread=thread)
     assert sorted(state["log"]) == sorted(f"{n}.{i}" for n in range(4) for i in range(10))
 
 
 def test_state_at_a_random_earlier_checkpoint_replays_from_its_snapshot(thread: Thread) -> None:
     written = grow(thread, 120)
-    store.clear_caches()
+    storage.clear_caches()
     rng = random.Random(3)
     for checkpoint in rng.sample(written, 15):
-        state = store.state_at(checkpoint)
+        state = storage.state_at(checkpoint)
         assert state["step"] == checkpoint.step
         assert len(state["messages"]) == checkpoint.step
 
 
 def test_returned_state_is_the_callers_own_copy(thread: Thread) -> None:
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"]})
-    store.state_at(checkpoint)["plan"].append("tampered")
-    assert store.state_at(checkpoint) == {"plan": ["fly"]}
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"plan": ["fly"]})
+    storage.state_at(checkpoint)["plan"].append("tampered")
+    assert storage.state_at(checkpoint) == {"plan": ["fly"]}
 
 
 def test_latest_state_is_the_branch_head(thread: Thread) -> None:
     written = grow(thread, 5)
-    head, state = store.latest_state(thread=thread)
+    head, state = storage.latest_state(thread=thread)
     assert head == written[-1].pk
     assert state["step"] == 5
 
@@ -203,21 +210,21 @@ def test_a_row_altered_with_raw_sql_fails_its_integrity_check(thread: Thread) ->
             "UPDATE checkpoints_checkpoint SET payload = %s WHERE id = %s",
             [b"\x00" + b'[{"op":"replace","path":"/step","value":999}]', victim.pk],
         )
-    store.clear_caches()
+    storage.clear_caches()
 
     with pytest.raises(IntegrityFailure):
-        store.state_at(victim)
+        storage.state_at(victim)
     with pytest.raises(IntegrityFailure):
-        store.state_at(child)  # its replay passes through the altered row
-    assert store.state_at(written[index - 1])["step"] == index - 1  # rows before the edit still verify
+        storage.state_at(child)  # its replay passes through the altered row
+    assert storage.state_at(written[index - 1])["step"] == index - 1  # rows before the edit still verify
 
 
 def test_an_edited_label_fails_the_integrity_check(thread: Thread) -> None:
     written = grow(thread, 3)
     Checkpoint.objects.filter(pk=written[2].pk).update(label="approved by nobody")
-    store.clear_caches()
+    storage.clear_caches()
     with pytest.raises(IntegrityFailure):
-        store.state_at(written[2])
+        storage.state_at(written[2])
 
 
 def test_verify_integrity_command_reports_the_altered_row(thread: Thread, capsys: Any) -> None:
@@ -233,7 +240,7 @@ def test_verify_integrity_command_reports_the_altered_row(thread: Thread, capsys
 
 
 def test_records_model_parameters_metadata_and_schema_version(thread: Thread) -> None:
-    checkpoint = store.append_checkpoint(
+    checkpoint = storage.append_checkpoint(
         thread=thread,
         parent=None,
         state={"a": 1},
@@ -255,8 +262,8 @@ def test_records_model_parameters_metadata_and_schema_version(thread: Thread) ->
     assert stored.metadata == {"customer": "acme"}
     thread.refresh_from_db()
     assert (thread.status, thread.step, thread.head_id) == (ThreadStatus.WAITING_FOR_APPROVAL, 7, checkpoint.pk)
-    store.clear_caches()
-    store.state_at(checkpoint)  # the recorded fields are covered by the integrity MAC
+    storage.clear_caches()
+    storage.state_at(checkpoint)  # the recorded fields are covered by the integrity MAC
 
 
 def test_each_checkpoint_writes_an_event_in_order(thread: Thread) -> None:
@@ -289,14 +296,14 @@ def test_each_checkpoint_writes_an_event_in_order(thread: Thread) -> None:
 def test_refused_input_leaves_nothing_behind(
     thread: Thread, kwargs: dict[str, Any], error: type[Exception], fragment: str
 ) -> None:
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"a": 0})
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"a": 0})
     before = (Checkpoint.objects.count(), Event.objects.count())
 
     with pytest.raises(error, match=fragment):
-        store.append_checkpoint(thread=thread, parent=parent, **kwargs)
+        storage.append_checkpoint(thread=thread, parent=parent, **kwargs)
 
     assert (Checkpoint.objects.count(), Event.objects.count()) == before
-    assert store.state_at(parent) == {"a": 0}
+    assert storage.state_at(parent) == {"a": 0}
 
 
 def test_nesting_deeper_than_64_is_refused(thread: Thread) -> None:
@@ -306,17 +313,17 @@ def test_nesting_deeper_than_64_is_refused(thread: Thread) -> None:
         node["d"] = {}
         node = node["d"]
     with pytest.raises(InvalidState, match="limit is 64"):
-        store.append_checkpoint(thread=thread, parent=None, state=deep)
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"a": {}})
+        storage.append_checkpoint(thread=thread, parent=None, state=deep)
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"a": {}})
     with pytest.raises(InvalidState, match="limit is 64"):
-        store.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/a/b", "value": deep}])
+        storage.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/a/b", "value": deep}])
 
 
 def test_state_above_the_size_limit_is_refused_naming_the_limit(thread: Thread, settings: Any) -> None:
     settings.QUICKSAVE_MAX_STATE_BYTES = 10_000
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"log": []})
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"log": []})
     with pytest.raises(StateTooLarge, match="limit is 10000 bytes") as raised:
-        store.append_checkpoint(
+        storage.append_checkpoint(
             thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * 10_000}]
         )
     assert raised.value.detail["limit"] == 10_000
@@ -324,37 +331,37 @@ def test_state_above_the_size_limit_is_refused_naming_the_limit(thread: Thread, 
 
 
 def test_parent_from_another_thread_is_not_found(agent: Agent, thread: Thread) -> None:
-    elsewhere = store.create_thread(agent=agent)[0]
-    foreign = store.append_checkpoint(thread=elsewhere, parent=None, state={})
+    elsewhere = storage.create_thread(agent=agent)[0]
+    foreign = storage.append_checkpoint(thread=elsewhere, parent=None, state={})
     with pytest.raises(NotFound):
-        store.append_checkpoint(thread=thread, parent=foreign, state={"a": 1})
+        storage.append_checkpoint(thread=thread, parent=foreign, state={"a": 1})
 
 
 def test_a_new_branch_starts_at_its_fork_point(thread: Thread) -> None:
     written = grow(thread, 5)
-    store.start_branch(thread=thread, at=written[2], name="retry")
-    forked = store.append_checkpoint(thread=thread, parent=written[2], branch="retry",
+    storage.start_branch(thread=thread, at=written[2], name="retry")
+    forked = storage.append_checkpoint(thread=thread, parent=written[2], branch="retry",
                                      patch=[{"op": "replace", "path": "/step", "value": 100}])  # fmt: skip
     assert forked.seq == 1
-    assert store.state_at(forked)["messages"] == store.state_at(written[2])["messages"]
-    after = store.append_checkpoint(thread=thread, parent=forked, state={"done": True})
-    assert (after.seq, store.get_branch_name(after.branch_id)) == (2, "retry")
+    assert storage.state_at(forked)["messages"] == storage.state_at(written[2])["messages"]
+    after = storage.append_checkpoint(thread=thread, parent=forked, state={"done": True})
+    assert (after.seq, storage.get_branch_name(after.branch_id)) == (2, "retry")
     with pytest.raises(StaleParent):
-        store.append_checkpoint(thread=thread, parent=written[1], branch="retry", state={})
+        storage.append_checkpoint(thread=thread, parent=written[1], branch="retry", state={})
     thread.refresh_from_db()
     assert thread.head_id == written[-1].pk  # main stays the active branch
 
 
 def test_create_thread_returns_the_existing_thread_for_the_same_external_id(agent: Agent) -> None:
-    first, created = store.create_thread(agent=agent, external_id="ext-1", metadata={"a": 1})
-    again, created_again = store.create_thread(agent=agent, external_id="ext-1")
+    first, created = storage.create_thread(agent=agent, external_id="ext-1", metadata={"a": 1})
+    again, created_again = storage.create_thread(agent=agent, external_id="ext-1")
     assert (created, created_again, again.pk) == (True, False, first.pk)
 
 
 @pytest.mark.django_db(transaction=True)
 def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agent) -> None:
-    thread = store.create_thread(agent=agent)[0]
-    store.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    thread = storage.create_thread(agent=agent)[0]
+    storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     # Another process deletes the thread; this one still has its branch cached.
     with connection.cursor() as cursor:
         cursor.execute("DELETE FROM checkpoints_event WHERE thread_id = %s", [thread.pk])
@@ -366,19 +373,23 @@ def test_writing_to_a_thread_deleted_by_another_process_is_not_found(agent: Agen
         cursor.execute("DELETE FROM checkpoints_threadkey WHERE thread_id = %s", [thread.pk])
         cursor.execute("DELETE FROM checkpoints_thread WHERE id = %s", [thread.pk])
     with pytest.raises(NotFound, match="no longer exists"):
-        store.append_checkpoint(thread=thread, parent=None, state={"b": 2})
+        storage.append_checkpoint(thread=thread, parent=None, state={"b": 2})
 
 
 def test_an_append_is_prepared_once_however_large_its_numbers_grow(thread: Thread) -> None:
     # psycopg would send each int as int2, int4 or int8 by its value, and every new combination
     # of types would be another statement to prepare: sizes and seqs cross those bounds as a
-    # thread grows.
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"log": []}, step=0)
-    for step, size in enumerate((10, 200, 40_000, 70_000, 3_000), start=1):
-        parent = store.append_checkpoint(
+    # thread grows. psycopg prepares a statement once it has run `prepare_threshold` times with
+    # the same parameter types.
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"log": []}, step=0)
+    threshold = connection.connection.prepare_threshold or 0
+    sizes = (10, 200, 40_000, 70_000, 3_000, 5, 90_000, 20)
+    assert len(sizes) > threshold
+    for step, size in enumerate(sizes, start=1):
+        parent = storage.append_checkpoint(
             thread=thread, parent=parent, patch=[{"op": "add", "path": "/log/-", "value": "x" * size}], step=step
         )
-    store.append_checkpoint(thread=thread, parent=parent, patch=[], step=2**31 - 1, model={"seed": 2**62})
+    storage.append_checkpoint(thread=thread, parent=parent, patch=[], step=2**31 - 1, model={"seed": 2**62})
 
     with connection.cursor() as cursor:
         cursor.execute(
@@ -395,7 +406,7 @@ def test_a_status_given_as_any_str_enum_is_recorded_as_its_value(thread: Thread)
     class Status(str, enum.Enum):  # str() of such a member is "Status.DONE", not its value
         DONE = "completed"
 
-    written = store.append_checkpoint(thread=thread, parent=None, state={}, status=Status.DONE)
+    written = storage.append_checkpoint(thread=thread, parent=None, state={}, status=Status.DONE)
     stored = Checkpoint.objects.get(pk=written.pk)
     assert (stored.status, Event.objects.get(thread=thread, type="checkpoint.created").data["status"]) == (
         "completed",
@@ -405,7 +416,7 @@ def test_a_status_given_as_any_str_enum_is_recorded_as_its_value(thread: Thread)
 
 
 def test_a_second_first_checkpoint_is_refused_naming_the_head_not_a_parent_of_none(thread: Thread) -> None:
-    head = store.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1})
     with pytest.raises(StaleParent, match=f"^No parent is the head of branch 'main'; the head is {head.pk}") as raised:
-        store.append_checkpoint(thread=thread, parent=None, state={"n": 2})
+        storage.append_checkpoint(thread=thread, parent=None, state={"n": 2})
     assert "None" not in str(raised.value)

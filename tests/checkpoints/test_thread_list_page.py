@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from agents.keys import get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from tests.conftest import person, signed_in
 
 
@@ -21,8 +21,8 @@ def seed(count: int, *, agent: str = "travel", **metadata: Any) -> list[Any]:
     owner = get_or_create_agent(name=agent)
     threads = []
     for n in range(count):
-        thread, _ = store.create_thread(agent=owner, metadata=metadata or {"n": n})
-        store.append_checkpoint(thread=thread, parent=None, state={"n": n}, step=n, label=f"step {n}")
+        thread, _ = storage.create_thread(agent=owner, metadata=metadata or {"n": n})
+        storage.append_checkpoint(thread=thread, parent=None, state={"n": n}, step=n, label=f"step {n}")
         threads.append(thread)
     return threads
 
@@ -56,8 +56,8 @@ def test_empty_install_shows_how_to_connect_an_agent(viewer_page: Client) -> Non
 def test_filters_and_counts(viewer_page: Client) -> None:
     acme = seed(2, customer="acme")
     seed(3, agent="code-review", customer="globex")
-    head, _ = store.latest_state(thread=acme[0])
-    store.append_checkpoint(thread=acme[0], parent=head, state={"done": True}, status="completed")
+    head, _ = storage.latest_state(thread=acme[0])
+    storage.append_checkpoint(thread=acme[0], parent=head, state={"done": True}, status="completed")
 
     page = viewer_page.get("/?q=customer:acme").content.decode()
     assert page.count('href="/threads/') == 2

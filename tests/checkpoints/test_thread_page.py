@@ -14,7 +14,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from agents.models import Agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.presentation import timeline
 from tests.conftest import person
@@ -30,12 +30,12 @@ def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch
     """Append `steps` checkpoints, each adding one item to the state (the first one from nothing)."""
     written = []
     if parent is None:
-        parent = store.append_checkpoint(thread=thread, parent=None, state={"items": []}, step=0, label="start",
+        parent = storage.append_checkpoint(thread=thread, parent=None, state={"items": []}, step=0, label="start",
                                          model={"name": "gpt-test", "version": "1"})  # fmt: skip
         written.append(parent)
         steps -= 1
     for i in range(steps):
-        parent = store.append_checkpoint(
+        parent = storage.append_checkpoint(
             thread=thread, parent=parent, branch=branch, step=parent.seq, label=f"{label} {i}",
             patch=[{"op": "add", "path": "/items/-", "value": f"item {i} " + "x" * 40}],
         )  # fmt: skip
@@ -198,7 +198,7 @@ def test_rows_show_step_label_status_model_size_and_links(page_client: Client, t
 
 def test_labels_and_branch_names_are_escaped(page_client: Client, thread: Thread) -> None:
     first = grow(thread, 2, label="<script>alert(1)</script>")
-    store.start_branch(thread=thread, at=first[0], name='"><b>x')
+    storage.start_branch(thread=thread, at=first[0], name='"><b>x')
     html = page_client.get(url(thread)).content.decode()
     assert "<script>alert" not in html
     assert "<b>x" not in html
@@ -216,7 +216,7 @@ def test_a_thread_without_checkpoints_shows_the_empty_state(page_client: Client,
 
 def test_a_fork_draws_both_lanes_and_highlights_the_selected_one(page_client: Client, thread: Thread) -> None:
     main = grow(thread, 8)
-    store.start_branch(thread=thread, at=main[3], name="retry")
+    storage.start_branch(thread=thread, at=main[3], name="retry")
     retry = grow(thread, 3, parent=main[3], branch="retry", label="retry")
 
     tree = svg(page_client.get(url(thread)).content.decode(), "branch-tree")
@@ -259,7 +259,7 @@ def test_chart_samples_at_most_120_points_of_a_long_branch(page_client: Client, 
 
 def test_an_empty_branch_is_drawn_as_a_stub_and_its_timeline_says_so(page_client: Client, thread: Thread) -> None:
     main = grow(thread, 4)
-    store.start_branch(thread=thread, at=main[1], name="later")
+    storage.start_branch(thread=thread, at=main[1], name="later")
     html = page_client.get(url(thread, "branch=later")).content.decode()
     assert '<g class="node node-empty"><title>No checkpoint on later yet</title>' in svg(html, "branch-tree")
     assert "No checkpoints on later yet" in html
@@ -269,7 +269,7 @@ def test_an_empty_branch_is_drawn_as_a_stub_and_its_timeline_says_so(page_client
 def test_more_branches_than_lanes_are_listed_but_not_drawn(page_client: Client, thread: Thread) -> None:
     main = grow(thread, 3)
     for i in range(timeline.MAX_LANES + 2):
-        store.start_branch(thread=thread, at=main[1], name=f"try-{i}")
+        storage.start_branch(thread=thread, at=main[1], name=f"try-{i}")
     html = page_client.get(url(thread, f"branch=try-{timeline.MAX_LANES + 1}")).content.decode()
     tree = svg(html, "branch-tree")
     assert tree.count('<g class="lane') == timeline.MAX_LANES
@@ -317,7 +317,7 @@ def test_query_count_does_not_grow_with_the_thread(
     length: int, page_client: Client, thread: Thread, agent: Agent, django_assert_max_num_queries: Any
 ) -> None:
     main = grow(thread, length)
-    store.start_branch(thread=thread, at=main[length // 2], name="retry")
+    storage.start_branch(thread=thread, at=main[length // 2], name="retry")
     grow(thread, 5, parent=main[length // 2], branch="retry")
     for query in ("", "before_seq=5", "branch=retry"):
         with django_assert_max_num_queries(THREAD_PAGE_QUERIES):
@@ -344,7 +344,7 @@ def test_a_thread_waiting_for_a_decision_leads_to_the_request_from_its_pages(
 @pytest.mark.parametrize(("role", "resume"), [("viewer", False), ("admin", True)])
 def test_a_failed_thread_says_why_on_its_page(thread: Thread, role: str, resume: bool) -> None:
     (first,) = grow(thread, 1)
-    store.append_checkpoint(thread=thread, parent=first, state={"n": 1}, status="failed", label="migrate orders",
+    storage.append_checkpoint(thread=thread, parent=first, state={"n": 1}, status="failed", label="migrate orders",
                             metadata={"error": "lock wait timeout on <orders>"})  # fmt: skip
     client = Client()
     client.force_login(person("pat", role))

@@ -6,16 +6,16 @@ import pytest
 from django.db import connection
 
 from agents.models import Agent
-from checkpoints import store
-from checkpoints.errors import InvalidState, NotFound
+from checkpoints import storage
 from checkpoints.models import ToolResult
-from checkpoints.tools import add_tool_results, get_tool_result, put_tool_result, put_tool_results
+from checkpoints.storage.errors import InvalidState, NotFound
+from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
 
 pytestmark = pytest.mark.django_db
 
 
 def test_a_batch_put_stores_new_keys_and_keeps_the_first_result_of_known_ones(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="search:1", result={"hits": 1}, tool="search")
 
     stored = put_tool_results(
@@ -31,7 +31,7 @@ def test_a_batch_put_stores_new_keys_and_keeps_the_first_result_of_known_ones(ag
 
 
 def test_a_batch_with_one_bad_result_writes_none_of_them(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
 
     with pytest.raises(InvalidState, match="result"):
         put_tool_results(thread=thread, results=[("ok", {"a": 1}), ("bad", {"a": float("nan")})])
@@ -40,8 +40,9 @@ def test_a_batch_with_one_bad_result_writes_none_of_them(agent: Agent) -> None:
 
 
 def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
-    # Django's cursors bind client-side, so each put would be parsed and planned anew;
-    # LangGraph's pending writes make several puts a step, of one to a few results each.
+    # LangGraph's pending writes make several puts a step, of one to a few results each: they must
+    # not each be parsed and planned anew. psycopg prepares a statement once it has run
+    # `prepare_threshold` times with the same parameter types, whatever the arrays' lengths.
     def prepared() -> int:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -50,20 +51,23 @@ def test_puts_of_any_size_share_one_prepared_statement(agent: Agent) -> None:
             (count,) = cursor.fetchone()
         return int(count)
 
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="one", result={"n": 1})
+    for n in range(connection.connection.prepare_threshold or 0):
+        put_tool_result(thread=thread, key=f"warm-{n}", result=n)
     after_one = prepared()
     put_tool_results(thread=thread, results=[("two", 2), ("three", [3]), ("four", {"n": 4})])
     add_tool_results(thread=thread, results=[("two", "again"), ("five", None)])
 
     assert after_one >= 1 and prepared() == after_one
-    assert {row.key: row.result for row in ToolResult.objects.filter(thread=thread)} == {
+    stored = ToolResult.objects.filter(thread=thread).exclude(key__startswith="warm-")
+    assert {row.key: row.result for row in stored} == {
         "one": {"n": 1}, "two": 2, "three": [3], "four": {"n": 4}, "five": None,
     }  # fmt: skip
 
 
 def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_ones(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
+    thread, _ = storage.create_thread(agent=agent)
     put_tool_result(thread=thread, key="w:1", result={"v": 1}, tool="write")
 
     added = add_tool_results(thread=thread, tool="write", results=[("w:1", {"v": 99}), ("w:2", b"x".hex())])
@@ -77,8 +81,8 @@ def test_adding_results_counts_the_new_keys_and_keeps_the_first_result_of_known_
 
 @pytest.mark.django_db(transaction=True)
 def test_a_put_into_a_thread_deleted_meanwhile_is_not_found(agent: Agent) -> None:
-    thread, _ = store.create_thread(agent=agent)
-    store.delete_thread(thread)  # by another request, after this one read the thread
+    thread, _ = storage.create_thread(agent=agent)
+    storage.delete_thread(thread)  # by another request, after this one read the thread
 
     with pytest.raises(NotFound):
         put_tool_result(thread=thread, key="late", result={"n": 1})

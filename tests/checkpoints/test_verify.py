@@ -12,17 +12,18 @@ from django.urls import reverse
 from rest_framework.test import APIClient
 
 from agents.models import Agent
-from checkpoints import codec, crypto, store
-from checkpoints.errors import IntegrityFailure
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadKey
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.errors import IntegrityFailure
 from tests.conftest import person, signed_in
 
 
 def _written(agent: Agent, steps: int = 3) -> tuple[Thread, list[Checkpoint]]:
-    thread = store.create_thread(agent=agent)[0]
-    written = [store.append_checkpoint(thread=thread, parent=None, state={"n": 0, "card": "4111-1111"})]
+    thread = storage.create_thread(agent=agent)[0]
+    written = [storage.append_checkpoint(thread=thread, parent=None, state={"n": 0, "card": "4111-1111"})]
     for n in range(1, steps):
-        written.append(store.append_checkpoint(thread=thread, parent=written[-1], patch=[
+        written.append(storage.append_checkpoint(thread=thread, parent=written[-1], patch=[
             {"op": "replace", "path": "/n", "value": n}
         ]))  # fmt: skip
     return thread, written
@@ -34,7 +35,7 @@ def _raw(sql: str, params: list[Any]) -> None:
 
 
 def _forget_everything() -> None:
-    store.clear_caches()
+    storage.clear_caches()
     crypto.forget_keys()
 
 
@@ -73,7 +74,7 @@ def test_a_back_dated_checkpoint_fails_verify_integrity_and_its_replay(agent: Ag
         call_command("verify_integrity")
     assert f"checkpoint {written[1].pk}: row does not match its integrity MAC" in capsys.readouterr().out
     with pytest.raises(IntegrityFailure):
-        store.state_at(written[1])
+        storage.state_at(written[1])
 
 
 def test_a_rolled_back_head_pointer_is_reported_and_the_api_serves_the_true_head(
@@ -104,16 +105,16 @@ def test_rows_whose_mac_predates_created_at_coverage_still_verify(agent: Agent, 
         parent_mac = codec.legacy_integrity_mac(
             parent_integrity=parent_mac, checkpoint_id=checkpoint.id, thread_id=checkpoint.thread_id,
             branch_id=checkpoint.branch_id, parent_id=checkpoint.parent_id, seq=checkpoint.seq, kind=checkpoint.kind,
-            payload=bytes(checkpoint.payload), fields=store.mac_fields(checkpoint),
+            payload=bytes(checkpoint.payload), fields=storage.mac_fields(checkpoint),
         )  # fmt: skip
         _raw("UPDATE checkpoints_checkpoint SET integrity = %s WHERE id = %s", [parent_mac, checkpoint.id])
     _forget_everything()
 
     call_command("verify_integrity")
     assert "OK" in capsys.readouterr().out
-    assert store.state_at(written[-1])["n"] == 3
+    assert storage.state_at(written[-1])["n"] == 3
     # A new checkpoint chained from a version-1 parent is written (and checked) as version 2.
-    newer = store.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/card"}])
+    newer = storage.append_checkpoint(thread=thread, parent=written[-1], patch=[{"op": "remove", "path": "/card"}])
     _raw("UPDATE checkpoints_checkpoint SET created_at = created_at - interval '3 days' WHERE id = %s", [newer.pk])
     _forget_everything()
     with pytest.raises(CommandError, match="1 checkpoint"):

@@ -10,7 +10,7 @@ import pytest
 
 from agents.keys import get_or_create_agent
 from approvals.services import decide, request_approval
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from tests.e2e.conftest import Pages, make_person
 
@@ -20,10 +20,10 @@ LIVE = "#live-status[data-state='live']"
 
 
 def trip() -> tuple[Thread, list[Checkpoint]]:
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-porto")
-    first = store.append_checkpoint(thread=thread, parent=None, step=0, label="start",
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-porto")
+    first = storage.append_checkpoint(thread=thread, parent=None, step=0, label="start",
                                     state={"city": "Porto", "nights": 2})  # fmt: skip
-    second = store.append_checkpoint(thread=thread, parent=first, step=1, label="search_hotels",
+    second = storage.append_checkpoint(thread=thread, parent=first, step=1, label="search_hotels",
                                      patch=[{"op": "add", "path": "/hotel", "value": "Ribeira"}])  # fmt: skip
     return thread, [first, second]
 
@@ -49,7 +49,7 @@ def test_a_checkpoint_written_after_the_head_shows_a_notice_and_enables_next(tab
     tab.page.evaluate("window.shownTree = document.getElementById('state-tree')")
     tab.page.fill("#fork-reason", "Try the hotel across the river")
 
-    booked = store.append_checkpoint(thread=thread, parent=head, step=2, label="book_hotel",
+    booked = storage.append_checkpoint(thread=thread, parent=head, step=2, label="book_hotel",
                                      patch=[{"op": "add", "path": "/booked", "value": True}])  # fmt: skip
 
     tab.page.wait_for_selector("a[rel=next]", timeout=15_000)
@@ -61,7 +61,7 @@ def test_a_checkpoint_written_after_the_head_shows_a_notice_and_enables_next(tab
     assert notice.locator("a", has_text="open the head").count() == 0  # #3 is the head
 
     # Another one: Next still goes one step on, and the notice offers the head too.
-    paid = store.append_checkpoint(thread=thread, parent=booked, step=3, label="pay",
+    paid = storage.append_checkpoint(thread=thread, parent=booked, step=3, label="pay",
                                    patch=[{"op": "add", "path": "/paid", "value": True}])  # fmt: skip
     to_head = notice.locator("a", has_text="open the head")
     to_head.wait_for(timeout=15_000)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from agents.keys import get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread, ThreadKey
 from tests.e2e.conftest import Pages, make_person
 
@@ -20,8 +20,8 @@ CONTRACT = "".join(f"Clause {n}: the supplier delivers on time or pays a penalty
 
 def test_a_viewer_sees_a_large_value_by_its_preview_and_downloads_it(tab: Pages, tmp_path: Path) -> None:
     make_person("vic", "viewer")
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="contract-review")
-    head = store.append_checkpoint(thread=thread, parent=None, label="read contract",
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="contract-review")
+    head = storage.append_checkpoint(thread=thread, parent=None, label="read contract",
                                    state={"contract": CONTRACT, "summary": "standard terms"})  # fmt: skip
 
     tab.login("vic")
@@ -39,9 +39,9 @@ def test_a_viewer_sees_a_large_value_by_its_preview_and_downloads_it(tab: Pages,
 
 def test_an_admin_deletes_a_thread_after_confirming(tab: Pages) -> None:
     make_person("ada", "admin")
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="to-erase")
-    first = store.append_checkpoint(thread=thread, parent=None, state={"guest": "Ms Example"}, label="book")
-    store.append_checkpoint(thread=thread, parent=first, state={"guest": "Ms Example", "paid": True}, label="pay")
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="to-erase")
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"guest": "Ms Example"}, label="book")
+    storage.append_checkpoint(thread=thread, parent=first, state={"guest": "Ms Example", "paid": True}, label="pay")
 
     tab.login("ada")
     tab.goto(f"/threads/{thread.pk}/")

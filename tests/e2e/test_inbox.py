@@ -10,7 +10,7 @@ from agents.demo import TravelAgent
 from agents.runtime import start_thread
 from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import store
+from checkpoints import storage
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -53,7 +53,7 @@ def test_a_reviewer_edits_the_args_approves_and_the_agent_books(tab: Pages, db: 
     tab.errors.clear()  # the 400 answer to the bad args is itself logged by Chromium
     tab.shot("schema error")
 
-    offers = {offer["flight"]: offer["price"] for offer in store.latest_state(thread=thread)[1]["offers"]}
+    offers = {offer["flight"]: offer["price"] for offer in storage.latest_state(thread=thread)[1]["offers"]}
     tab.page.fill("#edit-args", f'{{"flight": "AZ611", "price": {offers["AZ611"]}}}')
     tab.page.click("#edit-form button[type=submit]")
     tab.follow("#confirm-approve-yes")
@@ -62,7 +62,7 @@ def test_a_reviewer_edits_the_args_approves_and_the_agent_books(tab: Pages, db: 
     tab.shot("decided")
 
     drain()
-    assert store.latest_state(thread=thread)[1]["booking"]["flight"] == "AZ611"
+    assert storage.latest_state(thread=thread)[1]["booking"]["flight"] == "AZ611"
 
 
 def test_a_rejection_needs_a_comment_and_a_viewer_sees_no_buttons(

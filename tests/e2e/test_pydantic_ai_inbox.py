@@ -14,7 +14,7 @@ from asgiref.sync import async_to_sync
 from django.db import connections
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from integrations.pydantic_ai.agent import QuicksaveAgent
 from tests.e2e.conftest import Pages, make_person
@@ -87,4 +87,4 @@ def test_a_paused_pydantic_ai_run_is_edited_approved_and_finishes_on_its_timelin
     tab.shot("pydantic-ai finished")
     thread.refresh_from_db()
     assert thread.head_id is not None
-    assert store.state_at(thread.head_id)["output"] == "Done: booked TP1350 for 99 EUR"
+    assert storage.state_at(thread.head_id)["output"] == "Done: booked TP1350 for 99 EUR"

@@ -11,7 +11,7 @@ from agents.keys import get_or_create_agent
 from agents.runtime import start_thread
 from agents.worker import Worker
 from approvals.models import ApprovalRequest
-from checkpoints import store
+from checkpoints import storage
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -23,9 +23,9 @@ FOCUSED = "() => document.activeElement.closest('summary, li.leaf')?.innerText.s
 
 def test_the_state_tree_is_one_tab_stop_walked_with_arrow_keys(tab: Pages, db: Any) -> None:
     make_person("vera", "viewer")
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-keys")
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-keys")
     state = {"booking": {"flight": "AZ611", "seats": [12, 13]}, "city": "Rome", "nights": 2}
-    checkpoint = store.append_checkpoint(thread=thread, parent=None, state=state)
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state=state)
     tab.login("vera")
     tab.goto(f"/checkpoints/{checkpoint.pk}/")
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from agents.keys import create_agent_key, get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from tests.e2e.conftest import Pages, make_person
 
@@ -17,9 +17,9 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def seed_conversation(steps: int = 60) -> Thread:
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-kyoto",
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-kyoto",
                                     metadata={"customer": "acme"})  # fmt: skip
-    parent = store.append_checkpoint(thread=thread, parent=None, state={"messages": [], "city": "Kyoto"}, step=0,
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"messages": [], "city": "Kyoto"}, step=0,
                                      label="start")  # fmt: skip
     for step in range(1, steps + 1):
         note = f"Step {step}: compared ryokan prices near Gion and Arashiyama for the second week of April."
@@ -28,14 +28,14 @@ def seed_conversation(steps: int = 60) -> Thread:
         ]
         if step == 30:
             ops.append({"op": "replace", "path": "/city", "value": "Osaka"})
-        parent = store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=step, label=f"plan {step}",
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=step, label=f"plan {step}",
                                          model={"name": "planner-large", "temperature": 0.2})  # fmt: skip
     if steps < 20:
         return thread
     fork_point = Checkpoint.objects.get(thread=thread, seq=20)
-    store.start_branch(thread=thread, at=fork_point, name="cheaper-hotels")
+    storage.start_branch(thread=thread, at=fork_point, name="cheaper-hotels")
     budget = [{"op": "add", "path": "/budget", "value": 900}]
-    store.append_checkpoint(thread=thread, parent=fork_point, branch="cheaper-hotels", patch=budget, step=20,
+    storage.append_checkpoint(thread=thread, parent=fork_point, branch="cheaper-hotels", patch=budget, step=20,
                             label="retry cheaper")  # fmt: skip
     return thread
 
@@ -85,7 +85,7 @@ def test_a_checkpoint_written_through_the_api_appears_on_the_open_page(tab: Page
     tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
     assert tab.page.locator("#timeline tbody tr[data-seq]").first.get_attribute("data-seq") == "6"
 
-    head, _ = store.latest_state(thread=thread)
+    head, _ = storage.latest_state(thread=thread)
     with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {key}"}) as api:
         written = api.post(f"/api/v1/threads/{thread.pk}/checkpoints/", json={
             "parent": str(head), "label": "booked", "status": "completed",

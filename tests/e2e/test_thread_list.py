@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from agents.keys import get_or_create_agent
-from checkpoints import store
+from checkpoints import storage
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -17,13 +17,13 @@ def seed_threads() -> None:
     travel, review = get_or_create_agent(name="travel"), get_or_create_agent(name="code-review")
     for n in range(6):
         agent = travel if n % 2 == 0 else review
-        thread, _ = store.create_thread(
+        thread, _ = storage.create_thread(
             agent=agent, external_id=f"run-{n}", metadata={"customer": "acme" if n < 3 else "globex"}
         )
-        parent = store.append_checkpoint(thread=thread, parent=None, state={"messages": []}, step=0, label="start")
+        parent = storage.append_checkpoint(thread=thread, parent=None, state={"messages": []}, step=0, label="start")
         status = "completed" if n == 4 else "failed" if n == 5 else "running"
         ops = [{"op": "add", "path": "/messages/-", "value": "hi"}]
-        store.append_checkpoint(thread=thread, parent=parent, patch=ops, step=1, label="plan", status=status)
+        storage.append_checkpoint(thread=thread, parent=parent, patch=ops, step=1, label="plan", status=status)
 
 
 def test_signing_in_lands_on_the_thread_list_and_filters_narrow_it(tab: Pages, db: Any) -> None:
@@ -79,12 +79,12 @@ def test_the_thread_list_follows_new_threads_and_checkpoints_without_a_reload(ta
     tab.page.fill("#f-q", "customer:acme")  # half-typed filters survive the updates
     tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
 
-    thread, _ = store.create_thread(agent=get_or_create_agent(name="travel"), external_id="run-live")
-    first = store.append_checkpoint(thread=thread, parent=None, state={}, step=0, label="start")
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="run-live")
+    first = storage.append_checkpoint(thread=thread, parent=None, state={}, step=0, label="start")
     tab.page.wait_for_selector("#threads tbody tr:has-text('run-live')", timeout=15_000)
     assert tab.page.locator("#threads tbody tr").first.inner_text().startswith("run-live")  # newest activity first
 
-    store.append_checkpoint(thread=thread, parent=first, state={"done": True}, step=1, label="finish",
+    storage.append_checkpoint(thread=thread, parent=first, state={"done": True}, step=1, label="finish",
                             status="completed")  # fmt: skip
     row = tab.page.locator("#threads tbody tr:has-text('run-live')")
     tab.page.wait_for_function(

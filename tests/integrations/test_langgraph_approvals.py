@@ -21,7 +21,7 @@ from agents.models import Run, RunReason, RunStatus
 from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.langgraph import saver as langgraph_saver
 from integrations.langgraph.interrupts import resume_for
@@ -358,7 +358,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
     at: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
     looked = threading.Event()
     notes = WatchedLock()
-    real_row_of, real_append = langgraph_saver._row_of, store.append_checkpoint
+    real_row_of, real_append = langgraph_saver._row_of, storage.append_checkpoint
     intercepted: list[bool] = []
 
     def row_of(thread: Thread, lg_id: str) -> Any:
@@ -376,7 +376,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
 
     monkeypatch.setattr(saver, "_unfiled_lock", notes)
     monkeypatch.setattr(langgraph_saver, "_row_of", row_of)
-    monkeypatch.setattr(store, "append_checkpoint", append_checkpoint)
+    monkeypatch.setattr(storage, "append_checkpoint", append_checkpoint)
     interrupt = (Interrupt(value={"action": "deploy", "args": {"env": "prod"}}, id="1" * 32),)
     writer = threading.Thread(target=saver.put_writes, args=(at, [(INTERRUPT, interrupt)], "task-1"))
     writer.start()

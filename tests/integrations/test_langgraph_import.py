@@ -26,7 +26,7 @@ from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 
 from approvals.models import ApprovalRequest
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
 from integrations.langgraph import importer
 from integrations.langgraph.importer import import_threads
@@ -348,7 +348,7 @@ def test_imported_history_is_browsable_and_diffable(source: Source) -> None:
     assert [len(h.values.get("messages", [])) for h in history][:3] == [3, 3, 2]
     answered = Checkpoint.objects.get(metadata__lg_id=history[1].config["configurable"]["checkpoint_id"])
     assert answered.parent is not None
-    ops = store.diff(base=answered.parent, target=answered)
+    ops = storage.diff(base=answered.parent, target=answered)
     assert [op["path"] for op in ops if op["path"].startswith("/channel_values/messages")] == [
         "/channel_values/messages/-"
     ]

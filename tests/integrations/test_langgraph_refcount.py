@@ -1,7 +1,7 @@
 """Nothing a process keeps after a graph run holds on to that run (its graph, loop or frames),
 even when the saver met an exception inside a transaction during it.
 
-The saver's lent connections (checkpoints.lent_connection) stay open for the process. Django's
+The saver's lent connections (checkpoints.storage.lent_connection) stay open for the process. Django's
 connection object remembers the last exception that went through one of its atomic blocks, and
 that exception's traceback holds every frame of the call up to the graph loop: were the object
 kept, the last such run would stay in memory for good (LangGraph's own loop-refcount test,

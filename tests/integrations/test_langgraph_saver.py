@@ -20,7 +20,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import Command, interrupt
 
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ToolResult
 from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from tests.conftest import message
@@ -152,7 +152,7 @@ def test_langchain_messages_round_trip_through_typed_envelopes() -> None:
     assert messages[-1].content == "answer 5"
     # Each message is its own typed envelope inside a plain list, so a step appends one.
     rows = list(Checkpoint.objects.filter(thread=quicksave_thread("chat-messages")).order_by("seq"))
-    appended = [op for row in rows if row.kind == PayloadKind.DELTA for op in store.decode_payload(row)
+    appended = [op for row in rows if row.kind == PayloadKind.DELTA for op in storage.decode_payload(row)
                 if op["path"] == "/channel_values/messages/-"]  # fmt: skip
     assert appended and all(TYPED in op["value"] for op in appended)
 
@@ -243,7 +243,7 @@ def edit_graph(saver: QuicksaveSaver) -> Any:
 def stored_values(thread_id: str) -> dict[str, Any]:
     """The latest state as a saver that has seen nothing reads it from the database."""
     config: RunnableConfig = {"configurable": {"thread_id": thread_id}}
-    store.clear_caches()
+    storage.clear_caches()
     found = QuicksaveSaver().get_tuple(config)
     assert found is not None
     return dict(found.checkpoint["channel_values"])

@@ -21,7 +21,7 @@ from agents.models import Agent, Run, RunStatus, ToolCall
 from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide, resolve_in_doubt
-from checkpoints import forks, store
+from checkpoints import forks, storage
 from checkpoints.models import Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.pydantic_ai.agent import QuicksaveAgent
 from tests.conftest import person, signed_in
@@ -76,7 +76,7 @@ def pending(thread: Thread) -> ApprovalRequest:
 
 
 def final_output(thread: Thread) -> Any:
-    return store.state_at(timeline(thread)[-1])["output"]
+    return storage.state_at(timeline(thread)[-1])["output"]
 
 
 def test_every_model_response_and_tool_return_is_a_checkpoint() -> None:
@@ -85,7 +85,7 @@ def test_every_model_response_and_tool_return_is_a_checkpoint() -> None:
     labels = [checkpoint.label for checkpoint in timeline(thread)]
     assert labels == ["request", "model: find_flights", "tools: find_flights", "model: book_flight",
                       "approval: book_flight"]  # fmt: skip
-    counts = [len(store.state_at(checkpoint)["messages"]) for checkpoint in timeline(thread)]
+    counts = [len(storage.state_at(checkpoint)["messages"]) for checkpoint in timeline(thread)]
     assert counts == [1, 2, 3, 4, 4]
     assert thread.metadata["framework"] == "pydantic-ai"
 
@@ -197,7 +197,7 @@ def test_a_decision_made_at_another_checkpoint_fails_closed(rita: User, worker: 
     worker.thread.join(timeout=10)
     decide(approval=approval, user=rita, decision="approve")
     # Someone else moves the thread on before the worker resumes it.
-    store.append_checkpoint(thread=thread, parent=waiting, patch=[], label="elsewhere")
+    storage.append_checkpoint(thread=thread, parent=waiting, patch=[], label="elsewhere")
 
     assert worker.worker.run_once()
 
@@ -227,7 +227,7 @@ def test_a_decision_on_other_args_than_the_waiting_call_fails_closed(rita: User,
 def test_a_dashboard_fork_runs_on_from_the_edited_history(admin: User, worker: WorkerThread) -> None:
     thread = start(pydantic_agents.TRIPS)
     waiting = timeline(thread)[-1]
-    messages = store.state_at(waiting)["messages"]
+    messages = storage.state_at(waiting)["messages"]
     book_call = messages[-1]["parts"][0]
     assert book_call["tool_call_id"] == "book-1"
 
@@ -237,7 +237,7 @@ def test_a_dashboard_fork_runs_on_from_the_edited_history(admin: User, worker: W
     ])  # fmt: skip
 
     worker.wait_for_runs(thread)
-    assert "deferred" not in store.state_at(forked)
+    assert "deferred" not in storage.state_at(forked)
     approval = pending(thread)
     # Pydantic AI asks again, on the new branch, for the call as the admin edited it.
     assert approval.args == {"flight": "TP1350", "price": 79}
@@ -343,7 +343,7 @@ def test_a_model_checkpoint_names_its_model() -> None:
 
 def test_the_inbox_and_the_thread_page_show_the_framework_as_a_badge(rita: User) -> None:
     thread = start(pydantic_agents.TRIPS)
-    plain = store.create_thread(agent=Agent.objects.get(name=pydantic_agents.TRIPS), external_id="by-the-sdk")[0]
+    plain = storage.create_thread(agent=Agent.objects.get(name=pydantic_agents.TRIPS), external_id="by-the-sdk")[0]
     badge = '<span class="badge framework" data-framework="pydantic-ai"'
     client = signed_in(rita)
 

@@ -11,7 +11,7 @@ from django.core.management import call_command
 from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Thread, ThreadStatus
 from integrations.pydantic_ai import demo
 from tests.conftest import person
@@ -36,4 +36,4 @@ def test_seed_demo_leaves_a_pydantic_ai_run_waiting_that_a_decision_finishes(tra
     thread.refresh_from_db()
     assert thread.status == ThreadStatus.COMPLETED
     assert thread.head_id is not None
-    assert store.state_at(thread.head_id)["output"] == "All done: Booked FR8342 for 89 EUR, reference QS-FR8342."
+    assert storage.state_at(thread.head_id)["output"] == "All done: Booked FR8342 for 89 EUR, reference QS-FR8342."

@@ -33,8 +33,9 @@ from agents.models import Run, RunStatus
 from agents.runs import RunReason, enqueue_run
 from approvals import services
 from approvals.models import ApprovalRequest
-from checkpoints import jsonpatch, store, tools
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
+from checkpoints.storage import jsonpatch, tool_results
 from quicksave.roles import grant_role
 
 live = pytest.mark.django_db(transaction=True)
@@ -266,7 +267,7 @@ def test_an_attempt_that_lost_its_run_is_refused_and_the_sdk_loop_goes_on(
 
 def test_the_tool_key_is_the_servers() -> None:
     for name, args in [("search", {"b": 1, "a": ["ü", 2.5, None]}), ("echo", "x"), ("none", None)]:
-        assert tool_key(name, args) == tools.tool_key(name, args)
+        assert tool_key(name, args) == tool_results.tool_key(name, args)
 
 
 @live
@@ -332,7 +333,7 @@ def test_server_errors_become_typed_exceptions(server_url: str, client: Client) 
         stranger.thread()
     assert (bad.value.status, bad.value.code) == (401, "authentication_failed")
 
-    foreign, _ = store.create_thread(agent=get_or_create_agent(name="code-review"), external_id="review-1")
+    foreign, _ = storage.create_thread(agent=get_or_create_agent(name="code-review"), external_id="review-1")
     with pytest.raises(NotFound) as missing:
         client.thread_by_id(str(foreign.pk))
     assert (missing.value.status, missing.value.code) == (404, "not_found")

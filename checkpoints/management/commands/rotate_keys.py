@@ -6,7 +6,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from checkpoints import crypto
+from checkpoints.storage import crypto, keys
 
 
 class Command(BaseCommand):
@@ -23,16 +23,16 @@ class Command(BaseCommand):
         if options["batch"] < 1:
             raise CommandError("--batch must be at least 1.")
         primary = crypto.keyring()[0].id
-        stale = crypto.stale_key_count()
+        stale = keys.stale_key_count()
         self.stdout.write(f"{stale} data key(s) to re-wrap under master key {primary!r}.")
 
-        def progress(step: crypto.Rotation) -> None:
+        def progress(step: keys.Rotation) -> None:
             percent = 100 * step.current // step.total if step.total else 100
             bar = "#" * (percent // 5)
             self.stdout.write(f"[{bar:<20}] {step.current}/{step.total} data keys under {primary!r} ({percent}%)")
 
         try:
-            done = crypto.rotate(batch=options["batch"], progress=progress)
+            done = keys.rotate(batch=options["batch"], progress=progress)
         except crypto.DecryptionFailure as exc:
             raise CommandError(exc.message) from None
         left = done.total - done.current

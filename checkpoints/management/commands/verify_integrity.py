@@ -8,7 +8,7 @@ from uuid import UUID
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from checkpoints.models import Thread
-from checkpoints.verify import Problem, verify_thread
+from checkpoints.storage.verify import Problem, verify_thread
 
 
 class Command(BaseCommand):

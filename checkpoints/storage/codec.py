@@ -22,8 +22,8 @@ import orjson
 import zstandard
 from django.conf import settings
 
-from checkpoints.jsonpatch import canonical_json, json_depth
-from checkpoints.pool import Pool
+from checkpoints.storage.jsonpatch import canonical_json, json_depth
+from checkpoints.storage.pool import Pool
 
 RAW = b"\x00"
 ZLIB = b"\x01"

@@ -10,15 +10,15 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
-from django.db import connection
+from django.db import IntegrityError, connection
 from django.utils import timezone
 
 from agents import fencing
 from agents.fencing import Fence
-from checkpoints import codec, crypto
-from checkpoints.errors import InvalidState, NotFound
 from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.errors import InvalidState, NotFound
 
 MAX_KEY_LENGTH = 128
 MAX_TOOL_LENGTH = 200  # ToolResult.tool's max_length
@@ -164,14 +164,13 @@ def _write(
         "results": [row.sealed for row in rows], "checkpoint": checkpoint_id, "created_at": created_at,
         **fencing.params(fence),
     }  # fmt: skip
-    connection.ensure_connection()
-    # Django's cursors bind parameters client-side, so the server would parse and plan the insert
-    # on every call.
     try:
-        with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(_PUT_SQL, params, prepare=True)
+        with connection.cursor() as cursor:
+            cursor.execute(_PUT_SQL, params)
             return {key: row_id for row_id, key in cursor.fetchall()}
-    except psycopg.errors.ForeignKeyViolation:
+    except IntegrityError as exc:
+        if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
+            raise
         # In autocommit the foreign keys are checked here, not at a commit of Django's: the
         # thread, or the checkpoint the results belong to, was deleted after the caller read it.
         raise NotFound(f"Thread {thread.pk} or the checkpoint the results belong to no longer exists.") from None

@@ -30,12 +30,13 @@ from uuid import UUID
 import redis
 from django.conf import settings
 
-from checkpoints import codec, crypto
 from checkpoints.fields import associated_data
+from checkpoints.storage import codec, crypto
 
 log = logging.getLogger(__name__)
 
 PREFIX = "qs:hot:"
+_FORGET_BATCH = 500  # keys per DEL
 # seq, branch id, state bytes, chain length, chain bytes; then the 32-byte integrity MAC.
 _HEADER = struct.Struct(">qqqqq")
 _PLAIN, _SEALED = b"P", b"S"
@@ -179,14 +180,19 @@ def put(thread_id: UUID, checkpoint_id: UUID, entry: Entry) -> None:
     _health.ok()
 
 
-def forget(checkpoint_ids: list[UUID]) -> None:
-    """Drop the entries of checkpoints whose rows were rewritten (best effort)."""
-    if not checkpoint_ids or not enabled() or not _health.may_try():
+def forget(checkpoint_ids: list[UUID], *, strict: bool = False) -> None:
+    """Drop the entries of checkpoints whose rows were rewritten: best effort, or raising Redis's
+    error when `strict` (a rewrite must not go ahead while Redis may still serve the old rows)."""
+    if not checkpoint_ids or not enabled() or not (strict or _health.may_try()):
         return
     try:
-        _client(settings.REDIS_URL).delete(*[_key(checkpoint_id) for checkpoint_id in checkpoint_ids])
+        client = _client(settings.REDIS_URL)
+        for start in range(0, len(checkpoint_ids), _FORGET_BATCH):
+            client.delete(*[_key(checkpoint_id) for checkpoint_id in checkpoint_ids[start : start + _FORGET_BATCH]])
     except redis.RedisError as exc:
         _health.failed(exc)
+        if strict:
+            raise
 
 
 def status(*, probe: bool = False) -> dict[str, Any]:

@@ -11,29 +11,26 @@ ciphertext copied into another row or field does not open. Deleting a thread's d
 key (crypto-shredding) leaves every copy of its rows, backups included, unreadable.
 
 A sealed value is framed `0x02 | nonce (12) | ciphertext | tag (16)`; the plain frames
-of `checkpoints.codec` start with 0x00, 0x01 or 0x03, so rows written before encryption was
+of `checkpoints.storage.codec` start with 0x00, 0x01 or 0x03, so rows written before encryption was
 turned on (or by a thread made with it off) still read.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 from uuid import UUID
 
-import psycopg
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
 from django.db import connection
-from django.utils import timezone
 
-from checkpoints.errors import IntegrityFailure
-from checkpoints.models import ThreadKey
+from checkpoints.storage import codec
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.lru import LRU
 from quicksave.keyring import MasterKey, parse_keyring
 
 SEALED = 0x02
@@ -55,7 +52,7 @@ def keyring() -> tuple[MasterKey, ...]:
     return _keyring(settings.QUICKSAVE_ENCRYPTION_KEYS)
 
 
-def _master(key_id: str) -> MasterKey:
+def master_key(key_id: str) -> MasterKey:
     for key in keyring():
         if key.id == key_id:
             return key
@@ -70,12 +67,12 @@ def _wrap_ad(thread_id: UUID) -> bytes:
     return b"checkpoints_threadkey.wrapped/" + thread_id.bytes
 
 
-def _wrap(master: MasterKey, thread_id: UUID, data_key: bytes) -> bytes:
+def wrap(master: MasterKey, thread_id: UUID, data_key: bytes) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     return nonce + master.aead.encrypt(nonce, data_key, _wrap_ad(thread_id))
 
 
-def _unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
+def unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
     try:
         return master.aead.decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], _wrap_ad(thread_id))
     except InvalidTag:
@@ -85,69 +82,41 @@ def _unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
         ) from None
 
 
-class _DataKeys:
-    """Opened data keys by thread (None: the thread has none and stores plain rows), LRU-bounded."""
-
-    def __init__(self, size: int = 10_000) -> None:
-        self._keys: OrderedDict[UUID, AESGCM | None] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, thread_id: UUID, load: Callable[[], AESGCM | None]) -> AESGCM | None:
-        with self._lock:
-            if thread_id in self._keys:
-                self._keys.move_to_end(thread_id)
-                return self._keys[thread_id]
-        found = load()
-        self.put(thread_id, found)
-        return found
-
-    def put(self, thread_id: UUID, key: AESGCM | None) -> None:
-        with self._lock:
-            self._keys[thread_id] = key
-            while len(self._keys) > self._size:
-                self._keys.popitem(last=False)
-
-    def drop(self, thread_id: UUID) -> None:
-        with self._lock:
-            self._keys.pop(thread_id, None)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._keys.clear()
+# Opened data keys by thread (None: the thread has none and stores plain rows); a data key never
+# changes (rotation re-wraps it), so one read in any transaction is right for every other.
+_data_keys: LRU[UUID, AESGCM | None] = LRU(10_000)
 
 
-_data_keys = _DataKeys()
+def remember_key(thread_id: UUID, key: AESGCM | None) -> None:
+    """Note a thread's data key (None: it has none) as just created. A thread's data key never
+    changes, and one made in a transaction that rolls back belongs to a thread id no one has."""
+    _data_keys.put(thread_id, key)
 
 
-def create_thread_key(thread_id: UUID) -> None:
-    """Give a new thread its data key (inside the transaction creating the thread), unless
-    encryption is off (`QUICKSAVE_ENCRYPT=false`), in which case its rows are stored plain."""
-    if not settings.QUICKSAVE_ENCRYPT:
-        _data_keys.put(thread_id, None)
-        return
-    master = keyring()[0]
-    data_key = AESGCM.generate_key(bit_length=256)
-    ThreadKey.objects.create(thread_id=thread_id, master_key_id=master.id, wrapped=_wrap(master, thread_id, data_key))
-    _data_keys.put(thread_id, AESGCM(data_key))
+def forget_key(thread_id: UUID) -> None:
+    _data_keys.drop(thread_id)
 
 
 _KEY_SQL = "SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE thread_id = %s"
 
 
 def _load(thread_id: UUID) -> AESGCM | None:
-    # Every new process reads this before its first payload: a prepared statement, not the ORM.
-    connection.ensure_connection()
-    with psycopg.Cursor(connection.connection) as cursor:
-        cursor.execute(_KEY_SQL, [thread_id], prepare=True)
+    # Every new process reads this before its first payload: one statement the server prepares
+    # (prepare_threshold), not the ORM's.
+    with connection.cursor() as cursor:
+        cursor.execute(_KEY_SQL, [thread_id])
         row = cursor.fetchone()
     if row is None:
         return None
-    return AESGCM(_unwrap(_master(row[0]), thread_id, bytes(row[1])))
+    return AESGCM(unwrap(master_key(row[0]), thread_id, bytes(row[1])))
 
 
 def data_key(thread_id: UUID) -> AESGCM | None:
-    return _data_keys.get(thread_id, lambda: _load(thread_id))
+    found, key = _data_keys.find(thread_id)
+    if not found:
+        key = _load(thread_id)
+        _data_keys.put(thread_id, key)
+    return key
 
 
 def seal(thread_id: UUID, ad: bytes | Callable[[], bytes], framed: bytes) -> bytes:
@@ -192,55 +161,19 @@ def unseal(thread_id: UUID, ad: bytes, blob: bytes | memoryview) -> bytes:
         ) from None
 
 
-def shred(thread_id: UUID) -> None:
-    """Destroy a thread's data key; call it in the transaction deleting the thread."""
-    ThreadKey.objects.filter(thread_id=thread_id).delete()
-    _data_keys.drop(thread_id)
-
-
 def forget_keys() -> None:
     """Drop every opened data key from this process (tests use it to force a reload)."""
     _data_keys.clear()
 
 
-@dataclass(frozen=True, slots=True)
-class Rotation:
-    rewrapped: int
-    current: int
-    total: int
+class JSONSealer:
+    """SealedJSONField's sealer (see checkpoints.fields): canonical JSON, framed by `codec`, sealed
+    under the row's thread data key."""
 
+    failure: type[Exception] = IntegrityFailure
 
-def stale_key_count() -> int:
-    return ThreadKey.objects.exclude(master_key_id=keyring()[0].id).count()
+    def seal(self, thread_id: UUID, ad: bytes, value: Any) -> bytes:
+        return seal(thread_id, ad, codec.encode(codec.to_canonical_bytes(value)))
 
-
-def rotate(*, batch: int = 500, progress: Callable[[Rotation], None] | None = None) -> Rotation:
-    """Re-wrap every data key not under the keyring's first master key, `batch` rows per transaction.
-
-    Data keys themselves do not change, so no sealed row is rewritten and processes that
-    opened a key keep using it. Rows locked by another rotation are skipped, then retried.
-    """
-    from django.db import transaction
-
-    primary = keyring()[0]
-    total = ThreadKey.objects.count()
-    stale = stale_key_count()
-    rewrapped = 0
-    while True:
-        with transaction.atomic():
-            rows = list(
-                ThreadKey.objects.exclude(master_key_id=primary.id)
-                .select_for_update(skip_locked=True)
-                .order_by("thread_id")[:batch]
-            )
-            for row in rows:
-                data = _unwrap(_master(row.master_key_id), row.thread_id, bytes(row.wrapped))
-                row.master_key_id, row.wrapped = primary.id, _wrap(primary, row.thread_id, data)
-                row.rotated_at = timezone.now()
-            ThreadKey.objects.bulk_update(rows, ["master_key_id", "wrapped", "rotated_at"])
-        rewrapped += len(rows)
-        if progress is not None:
-            progress(Rotation(rewrapped=rewrapped, current=total - stale + rewrapped, total=total))
-        if not rows:
-            break
-    return Rotation(rewrapped=rewrapped, current=total - stale_key_count(), total=total)
+    def open(self, thread_id: UUID, ad: bytes, blob: bytes) -> Any:
+        return codec.decode(unseal(thread_id, ad, blob))

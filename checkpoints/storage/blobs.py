@@ -21,24 +21,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
-import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 from uuid import UUID
 
 from django.conf import settings
 from django.core.files.base import ContentFile
 from django.core.files.storage import Storage, storages
-from django.db import connection, transaction
-from django.utils import timezone
+from django.db import connection
 
-from checkpoints import codec, crypto
-from checkpoints.errors import IntegrityFailure
 from checkpoints.fields import associated_data
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.lru import LRU
 
 log = logging.getLogger(__name__)
 
@@ -166,41 +162,9 @@ def _touch(thread_id: UUID, digest: str) -> bool:
 # --------------------------------------------------------------------------- reading
 
 
-class _Contents:
-    """Values read back, by (thread, digest), bounded by their total size."""
-
-    def __init__(self, budget: int = 64 * 1024 * 1024) -> None:
-        self._values: OrderedDict[tuple[UUID, str], tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
-        self._budget = budget
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[UUID, str]) -> Any | None:
-        with self._lock:
-            found = self._values.get(key)
-            if found is None:
-                return None
-            self._values.move_to_end(key)
-            return found[0]
-
-    def put(self, key: tuple[UUID, str], value: Any) -> None:
-        size = _approx_size(value)
-        with self._lock:
-            if key in self._values or size > self._budget:
-                return
-            self._values[key] = (value, size)
-            self._bytes += size
-            while self._bytes > self._budget:
-                _, (_, dropped) = self._values.popitem(last=False)
-                self._bytes -= dropped
-
-    def clear(self) -> None:
-        with self._lock:
-            self._values.clear()
-            self._bytes = 0
-
-
-_contents = _Contents()
+# Values read back, by (thread, digest), bounded by their total size (64 MiB). A blob's content
+# is its digest's: it never changes, whatever transaction read it.
+_contents: LRU[tuple[UUID, str], Any] = LRU(64 * 1024 * 1024, weigh=lambda value: _approx_size(value))
 
 
 def forget() -> None:
@@ -299,99 +263,3 @@ def large_values(thread_id: UUID, state: dict[str, Any]) -> tuple[dict[str, Any]
 
 def _escape(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
-
-
-# --------------------------------------------------------------------------- garbage
-
-
-@dataclass(frozen=True, slots=True)
-class Collected:
-    rows: int
-    files: int
-    bytes: int
-
-
-def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Collected:
-    """Delete blobs no remaining checkpoint refers to.
-
-    First the rows whose digest no payload of their thread names (compaction removed the last
-    checkpoint holding it) and that no write used within the grace period (one in flight may
-    be about to refer to it); then the files of threads deleted here, and files of live threads
-    without a row that are older than the grace period (a write uploads its file before its row
-    commits). Files of threads this installation does not know are left alone: the storage may
-    be shared with another installation.
-    """
-    from checkpoints import store
-    from checkpoints.models import Blob, Checkpoint, DeletedThread, Thread
-
-    rows = files = freed = 0
-    cutoff_time = timezone.now() - timedelta(seconds=grace_seconds)
-    for thread_id in Blob.objects.values_list("thread_id", flat=True).distinct():
-        referenced: set[str] = set()
-        for row in Checkpoint.objects.filter(thread_id=thread_id).only("id", "thread_id", "payload").iterator():
-            referenced.update(str(ref.get("sha256")) for ref in refs_in(store.decode_payload(row, restore=False)))
-        stale = Blob.objects.filter(thread_id=thread_id, used_at__lt=cutoff_time).exclude(sha256__in=referenced)
-        for blob in stale:
-            if dry_run:
-                rows, freed = rows + 1, freed + blob.size
-                continue
-            with transaction.atomic():
-                # The row stays locked until its file is gone: a write touching it waits, then
-                # finds no row and uploads the value again.
-                if Blob.objects.filter(pk=blob.pk, used_at__lt=cutoff_time).select_for_update().exists():
-                    _delete_file(blob_name(thread_id, blob.sha256))
-                    Blob.objects.filter(pk=blob.pk).delete()
-                    rows, freed = rows + 1, freed + blob.size
-    known = {blob_name(thread_id, digest) for thread_id, digest in Blob.objects.values_list("thread_id", "sha256")}
-    deleted = {str(thread_id) for thread_id in DeletedThread.objects.values_list("thread_id", flat=True)}
-    cutoff = time.time() - grace_seconds
-    for thread_dir, names in _stored_names():
-        if thread_dir in deleted:
-            files += len(names)
-            if not dry_run:
-                for name in names:
-                    _delete_file(name)
-            continue
-        if not _is_uuid(thread_dir) or not Thread.objects.filter(pk=thread_dir).exists():
-            continue  # not ours
-        for name in names:
-            if name not in known and _modified_before(name, cutoff):
-                files += 1
-                if not dry_run:
-                    _delete_file(name)
-    if not dry_run:
-        DeletedThread.objects.filter(thread_id__in=deleted).delete()
-    return Collected(rows=rows, files=files, bytes=freed)
-
-
-def _modified_before(name: str, cutoff: float) -> bool:
-    try:
-        return storage().get_modified_time(name).timestamp() < cutoff
-    except (NotImplementedError, OSError):
-        return True
-
-
-def _is_uuid(text: str) -> bool:
-    try:
-        UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _stored_names() -> Iterator[tuple[str, list[str]]]:
-    """(thread id, its blob file names) for every thread folder in blob storage."""
-    try:
-        thread_dirs, _ = storage().listdir("t")
-    except (FileNotFoundError, OSError):
-        return
-    for thread_dir in thread_dirs:
-        _, names = storage().listdir(f"t/{thread_dir}")
-        yield thread_dir, [f"t/{thread_dir}/{name}" for name in names]
-
-
-def _delete_file(name: str) -> None:
-    try:
-        storage().delete(name)
-    except (FileNotFoundError, OSError):
-        log.warning("could not delete blob %s", name, exc_info=True)

@@ -8,10 +8,10 @@ from uuid import UUID
 
 from django.db import connection
 
-from checkpoints import codec, crypto
-from checkpoints.errors import StoreError
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.store import decode_payload, mac_fields
+from checkpoints.storage import codec, crypto
+from checkpoints.storage.errors import StoreError
+from checkpoints.storage.payloads import decode_payload, mac_fields
 
 
 @dataclass(frozen=True)

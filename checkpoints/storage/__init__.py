@@ -1,0 +1,104 @@
+"""The checkpoint storage engine: the one writer of the checkpoint chain and the reader of its states.
+
+It owns the `checkpoints_checkpoint`, `_branch`, `_event`, `_materialisedhead`, `_threadkey`,
+`_blob` and `_toolresult` rows as the engine writes them: a checkpoint's payload (a delta or a
+snapshot, framed by `codec`, sealed by `crypto`, large values offloaded by `blobs`), its
+integrity MAC chained from its parent's, and the caches that save replays (this process's
+`nodes`, Redis's `hotcache`).
+
+Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
+approvals) use the names below: append, read a state, diff, the thread and branch writes, the
+tool-result cache, and for lifecycle work the payload primitives, integrity checks and
+`rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
+internal; the primitives a few callers need by module are `codec` (framing and MACs), `crypto`
+(sealing a value to its row), `jsonpatch` (RFC 6902), `lru` (the one cache helper),
+`hotcache.status`, `blobs` (reading an offloaded value) and `lent_connection`.
+
+It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
+`timeline`, `svg`), nor approvals or agents beyond `agents.fencing` (the lease check its
+append statement embeds) and the `Agent` model a thread belongs to.
+"""
+
+from checkpoints.storage.append import append_checkpoint
+from checkpoints.storage.branches import MAIN_BRANCH, branch_head, get_branch_name
+from checkpoints.storage.errors import (
+    IntegrityFailure,
+    InvalidPatch,
+    InvalidState,
+    NotFound,
+    StaleParent,
+    StateTooLarge,
+    StoreError,
+)
+from checkpoints.storage.garbage import Collected, collect_garbage
+from checkpoints.storage.nodes import Node
+from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
+from checkpoints.storage.reads import (
+    REPLAY_COST_PER_BYTE,
+    clear_caches,
+    clone,
+    diff,
+    latest_state,
+    load_node,
+    state_at,
+)
+from checkpoints.storage.rewrite import CacheUnavailable, Relinked, rewrite_chain
+from checkpoints.storage.threads import create_thread, delete_thread, record_event, set_thread_status, start_branch
+from checkpoints.storage.tool_results import (
+    MAX_KEY_LENGTH,
+    MAX_TOOL_LENGTH,
+    add_tool_results,
+    get_tool_result,
+    put_tool_result,
+    put_tool_results,
+    tool_key,
+    valid_key,
+)
+from checkpoints.storage.verify import Problem, mac_matches, verify_thread
+
+__all__ = [
+    "MAIN_BRANCH",
+    "MAX_KEY_LENGTH",
+    "MAX_TOOL_LENGTH",
+    "REPLAY_COST_PER_BYTE",
+    "CacheUnavailable",
+    "Collected",
+    "IntegrityFailure",
+    "InvalidPatch",
+    "InvalidState",
+    "Node",
+    "NotFound",
+    "Problem",
+    "Relinked",
+    "StaleParent",
+    "StateTooLarge",
+    "StoreError",
+    "add_tool_results",
+    "append_checkpoint",
+    "branch_head",
+    "clear_caches",
+    "clone",
+    "collect_garbage",
+    "create_thread",
+    "decode_payload",
+    "delete_thread",
+    "diff",
+    "encode_payload",
+    "get_branch_name",
+    "get_tool_result",
+    "latest_state",
+    "load_node",
+    "mac_fields",
+    "mac_matches",
+    "payload_ad",
+    "put_tool_result",
+    "put_tool_results",
+    "record_event",
+    "rewrite_chain",
+    "set_thread_status",
+    "start_branch",
+    "state_at",
+    "tool_key",
+    "valid_key",
+    "verify_thread",
+]

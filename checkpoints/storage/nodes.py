@@ -1,0 +1,44 @@
+"""A materialised checkpoint (`Node`) and this process's cache of them, keyed by checkpoint id.
+
+A checkpoint's state never changes, so a cached node only saves the replay of deltas; a node
+whose row compaction rewrote is noticed by its MAC and dropped (see `reads` and `append`).
+The cache is bounded by the total size of the states it holds (QUICKSAVE_STATE_CACHE_BYTES),
+and a node written in a transaction is kept only once that transaction commits (`lru`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+
+from checkpoints.storage.lru import LRU
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """What the store knows about a materialised checkpoint. `state` is shared: never mutate it."""
+
+    id: UUID
+    thread_id: UUID
+    branch_id: int
+    seq: int
+    state: dict[str, Any]
+    state_bytes: int
+    chain_length: int
+    chain_bytes: int
+    integrity: bytes
+
+
+def _budget() -> int:
+    budget: int = settings.QUICKSAVE_STATE_CACHE_BYTES
+    return budget
+
+
+states: LRU[UUID, Node] = LRU(_budget, weigh=lambda node: node.state_bytes)
+
+
+def drop_thread(thread_id: UUID) -> None:
+    states.drop_where(lambda _, node: node.thread_id == thread_id)

@@ -1,0 +1,293 @@
+"""Reading a state: materialise a checkpoint from this process's cache, Redis (`hotcache`), a
+branch's materialised head or a replay of deltas from the nearest snapshot, checking every row."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from typing import Any, NamedTuple
+from uuid import UUID
+
+from django.db import DatabaseError, connection, transaction
+from psycopg.types.json import set_json_loads
+
+from checkpoints.fields import associated_data
+from checkpoints.models import (
+    Checkpoint,
+    PayloadKind,
+    Thread,
+)
+from checkpoints.storage import blobs, branches, codec, crypto, hotcache
+from checkpoints.storage.branches import MAIN_BRANCH, head_by_name
+from checkpoints.storage.errors import (
+    IntegrityFailure,
+    NotFound,
+)
+from checkpoints.storage.jsonpatch import PatchError, apply_patch, make_patch
+from checkpoints.storage.nodes import Node, states
+from checkpoints.storage.payloads import Row, decode_payload, offloaded, open_payload, verify_row
+
+log = logging.getLogger(__name__)
+
+# Replaying a byte of delta costs about twice reading a byte of snapshot (each delta
+# is a row to fetch, a MAC to check, a payload to decode and a patch to apply), so
+# the store snapshots once the chain since the last snapshot holds half the state's bytes.
+REPLAY_COST_PER_BYTE = 2
+
+
+_ROW_COLUMNS = ", ".join(f"c.{name}" for name in Row._fields[:-1])
+_PARENT_MAC = (
+    "CASE WHEN c.kind = %(snapshot)s AND c.parent_id IS NOT NULL THEN "
+    "(SELECT p.integrity FROM checkpoints_checkpoint p WHERE p.id = c.parent_id) END"
+)
+# A chain that stays on the checkpoint's own branch is one range of the timeline index.
+_RANGE_SQL = f"""
+SELECT {_ROW_COLUMNS}, {_PARENT_MAC}
+FROM checkpoints_checkpoint c
+WHERE c.thread_id = %(thread)s AND c.branch_id = %(branch)s AND c.seq BETWEEN %(first)s AND %(last)s
+ORDER BY c.seq
+"""
+# A chain that crosses a fork walks parent links back to the nearest snapshot.
+_WALK_SQL = f"""
+WITH RECURSIVE chain AS (
+    SELECT c.*, 0 AS depth FROM checkpoints_checkpoint c WHERE c.id = %(id)s
+    UNION ALL
+    SELECT c.*, chain.depth + 1 FROM checkpoints_checkpoint c
+    JOIN chain ON c.id = chain.parent_id
+    WHERE chain.kind = %(delta)s
+)
+SELECT {_ROW_COLUMNS}, {_PARENT_MAC} FROM chain c ORDER BY c.depth DESC
+"""
+
+
+class _Head(NamedTuple):
+    """A branch's materialised head that lies on the path a replay walks (see MaterialisedHead)."""
+
+    checkpoint_id: UUID
+    seq: int
+    payload: bytes
+    mac: bytes
+
+
+# The checkpoint to materialise and, when its branch's materialised head lies on its path
+# since the last snapshot, that head, in one round trip.
+_TARGET_SQL = """
+SELECT c.thread_id, c.branch_id, c.seq, c.chain_length, h.checkpoint_id, h.seq, h.payload, h.mac
+FROM checkpoints_checkpoint c
+LEFT JOIN checkpoints_materialisedhead h
+    ON h.branch_id = c.branch_id AND h.seq <= c.seq AND h.seq > c.seq - c.chain_length
+WHERE c.id = %(id)s
+"""
+
+
+def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _Head | None]:
+    """The rows from the nearest snapshot up to the checkpoint, oldest first, or only those from
+    its branch's materialised head on (returned with it) when that lies on the way."""
+    with connection.cursor() as cursor:
+        set_json_loads(codec.loads, cursor)  # jsonb parsed as every stored JSON value is
+        cursor.execute(_TARGET_SQL, {"id": checkpoint_id})
+        target = cursor.fetchone()
+        if target is None:
+            raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
+        thread_id, branch_id, seq, chain_length, head_id = target[:5]
+        head = _Head(head_id, *target[5:]) if from_head and head_id is not None else None
+        # From a head on, the path is one range of this checkpoint's branch: its seqs run unbroken.
+        first = head.seq if head is not None else seq - chain_length
+        params = {"snapshot": PayloadKind.SNAPSHOT, "delta": PayloadKind.DELTA, "id": checkpoint_id,
+                  "thread": thread_id, "branch": branch_id, "first": first, "last": seq}  # fmt: skip
+        sql = _RANGE_SQL if head is not None or chain_length < seq else _WALK_SQL
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+    return [Row._make(row) for row in rows], head
+
+
+def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
+    """Materialise a checkpoint, checking the integrity of every row replayed.
+
+    Looks in this process's cache, then in Redis (`hotcache`), then replays from the
+    nearest snapshot; `hot` puts a replayed state into Redis for the other processes
+    (callers pass it for branch heads).
+    """
+    checkpoint_id = checkpoint_id if isinstance(checkpoint_id, UUID) else UUID(str(checkpoint_id))
+    cached = states.get(checkpoint_id)
+    if cached is not None:
+        return cached
+    found = hotcache.get(checkpoint_id)
+    if found is not None:
+        thread_id, entry = found
+        node = Node(
+            id=checkpoint_id, thread_id=thread_id, branch_id=entry.branch_id, seq=entry.seq, state=entry.state,
+            state_bytes=entry.state_bytes, chain_length=entry.chain_length, chain_bytes=entry.chain_bytes,
+            integrity=entry.integrity,
+        )  # fmt: skip
+        states.remember(node.id, node)
+        return node
+    node, replayed_bytes = _replay(checkpoint_id)
+    if hot and replayed_bytes * REPLAY_COST_PER_BYTE * 2 > node.state_bytes:
+        # The next cold read of this head (or of a checkpoint soon after it) would replay the
+        # same deltas again, at more than half the cost of reading the state whole: save it.
+        _materialise_head(node)
+    if hot:
+        entry = hotcache.Entry(
+            seq=node.seq, branch_id=node.branch_id, state_bytes=node.state_bytes, chain_length=node.chain_length,
+            chain_bytes=node.chain_bytes, integrity=node.integrity, state=node.state,
+        )  # fmt: skip
+        # For the other processes only once committed: a rolled-back write's state must not outlive it.
+        transaction.on_commit(lambda: hotcache.put(node.thread_id, node.id, entry))
+    return node
+
+
+def _replay(checkpoint_id: UUID) -> tuple[Node, int]:
+    """Materialise a checkpoint from the database; also returns the delta bytes it replayed."""
+    rows, head = _chain(checkpoint_id)
+    if not rows or rows[-1].id != checkpoint_id:
+        raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s chain back to its snapshot is broken.")
+    # Start from the newest ancestor already materialised, if any: its state is
+    # shared with the cache, so the replay copies on write from there. From a
+    # snapshot the replay owns every object and patches in place.
+    start, node, owned = 0, None, True
+    for index in range(len(rows) - 1, -1, -1):
+        hit = states.get(rows[index].id)
+        if hit is not None and hit.integrity != rows[index].integrity:
+            states.drop(hit.id)  # its row was rewritten (compaction) since it was cached
+        elif hit is not None:
+            node, start, owned = hit, index + 1, False
+            break
+    if node is None and head is not None:
+        node = _from_head(rows[0], head)
+        if node is None:  # stale or forged: replay from the snapshot after all
+            rows, head = _chain(checkpoint_id, from_head=False)
+        else:
+            start = 1
+    if node is None:
+        snapshot = rows[0]
+        if snapshot.kind != PayloadKind.SNAPSHOT:
+            raise IntegrityFailure(f"Checkpoint {checkpoint_id} has no snapshot on its path.")
+        verify_row(snapshot, parent_integrity=snapshot.parent_integrity)
+        node = _node_from(snapshot, decode_payload(snapshot))
+        start = 1
+    state, integrity = node.state, node.integrity
+    for row in rows[start:]:
+        verify_row(row, parent_integrity=integrity)
+        try:
+            state = apply_patch(state, decode_payload(row), measure=False, in_place=owned).doc
+        except PatchError as exc:
+            raise IntegrityFailure(f"Checkpoint {row.id}'s delta does not apply: {exc.message}") from None
+        integrity = row.integrity
+    replayed_bytes = rows[-1].chain_bytes - rows[start - 1].chain_bytes if start < len(rows) else 0
+    if start < len(rows):
+        node = _node_from(rows[-1], state)
+    states.remember(node.id, node)
+    return node, replayed_bytes
+
+
+# --------------------------------------------------------------------------- materialised heads
+
+
+def head_ad(branch_id: int, checkpoint_id: UUID) -> bytes:
+    """What a materialised head's sealed payload is bound to."""
+    return associated_data("checkpoints_materialisedhead.payload", branch_id, checkpoint_id)
+
+
+def _head_mac(row: Row | Node, payload: bytes) -> bytes:
+    return codec.head_mac(
+        thread_id=row.thread_id, branch_id=row.branch_id, checkpoint_id=row.id, seq=row.seq,
+        integrity=row.integrity, state_bytes=row.state_bytes, chain_length=row.chain_length,
+        chain_bytes=row.chain_bytes, payload=payload,
+    )  # fmt: skip
+
+
+def _from_head(row: Row, head: _Head) -> Node | None:
+    """The node a materialised head holds for `row`, or None when it no longer matches the row
+    (rewritten by compaction) or was altered: then the read replays from the snapshot.
+
+    The head's MAC covers the row's MAC and recorded sizes as they were when its state was
+    materialised from verified rows, so a match vouches for the row and the rows before it.
+    """
+    if row.id != head.checkpoint_id or not hmac.compare_digest(_head_mac(row, head.payload), head.mac):
+        return None
+    try:
+        state = open_payload(row.thread_id, head.payload, lambda: head_ad(row.branch_id, row.id))
+    except (ValueError, IntegrityFailure):
+        return None
+    return _node_from(row, state)
+
+
+_HEAD_SQL = """
+INSERT INTO checkpoints_materialisedhead (branch_id, checkpoint_id, seq, integrity, payload, mac, updated_at)
+VALUES (%(branch_id)s, %(checkpoint_id)s, %(seq)s, %(integrity)s, %(payload)s, %(mac)s, now())
+ON CONFLICT (branch_id) DO UPDATE SET
+    checkpoint_id = EXCLUDED.checkpoint_id, seq = EXCLUDED.seq, integrity = EXCLUDED.integrity,
+    payload = EXCLUDED.payload, mac = EXCLUDED.mac, updated_at = EXCLUDED.updated_at
+-- A slower reader of an older head does not move it back.
+WHERE checkpoints_materialisedhead.seq < EXCLUDED.seq
+   OR (checkpoints_materialisedhead.seq = EXCLUDED.seq AND checkpoints_materialisedhead.integrity <> EXCLUDED.integrity)
+"""
+
+
+def _materialise_head(node: Node) -> None:
+    """Save a replayed head's state as its branch's materialised head (best effort: a failure
+    only leaves the next cold read to replay)."""
+    try:
+        encoded = codec.dumps(node.state)
+        if len(encoded) > blobs.limit():
+            encoded = offloaded(node.thread_id, node.state, encoded)
+        payload = crypto.seal(node.thread_id, head_ad(node.branch_id, node.id), codec.encode(encoded))
+        params: dict[str, Any] = {
+            "branch_id": node.branch_id, "checkpoint_id": node.id, "seq": node.seq, "integrity": node.integrity,
+            "payload": payload, "mac": _head_mac(node, payload),
+        }  # fmt: skip
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(_HEAD_SQL, params)
+    except (DatabaseError, OSError) as exc:  # e.g. the thread was deleted meanwhile
+        log.info("could not save the materialised head of branch %s: %s", node.branch_id, exc)
+
+
+def _node_from(row: Row, state: dict[str, Any]) -> Node:
+    return Node(
+        id=row.id, thread_id=row.thread_id, branch_id=row.branch_id, seq=row.seq, state=state,
+        state_bytes=row.state_bytes, chain_length=row.chain_length, chain_bytes=row.chain_bytes,
+        integrity=row.integrity,
+    )  # fmt: skip
+
+
+def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False) -> dict[str, Any]:
+    """The full state at a checkpoint, integrity-checked; the caller owns the returned copy.
+
+    `hot`: the checkpoint is a branch head others will read too; keep its state in Redis.
+    """
+    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    return clone(load_node(checkpoint_id, hot=hot).state)
+
+
+def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[UUID | None, dict[str, Any]]:
+    """The head of a branch and its state ({} for a branch with no checkpoint yet)."""
+    thread_id = thread.pk if isinstance(thread, Thread) else thread
+    head_id = head_by_name(thread_id, branch)
+    if head_id is None:
+        return None, {}
+    return head_id, clone(load_node(head_id, hot=True).state)
+
+
+def diff(*, base: Checkpoint | UUID, target: Checkpoint | UUID) -> list[dict[str, Any]]:
+    """RFC 6902 ops that turn base's state into target's state."""
+    base_id = base.pk if isinstance(base, Checkpoint) else base
+    target_id = target.pk if isinstance(target, Checkpoint) else target
+    return make_patch(load_node(base_id).state, load_node(target_id).state)
+
+
+def clone(value: Any) -> Any:
+    """A deep copy of a JSON value, several times faster than copy.deepcopy."""
+    # Scalars are shared, not passed to a call each: a state is mostly strings.
+    if isinstance(value, dict):
+        return {key: clone(item) if isinstance(item, (dict, list)) else item for key, item in value.items()}
+    if isinstance(value, list):
+        return [clone(item) if isinstance(item, (dict, list)) else item for item in value]
+    return value
+
+
+def clear_caches() -> None:
+    """Forget every cached state, branch and blob (tests use it to force a replay from the database)."""
+    states.clear()
+    blobs.forget()
+    branches.forget_all()

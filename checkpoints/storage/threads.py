@@ -1,0 +1,119 @@
+"""Threads and branches: creating, naming, deleting them, and the thread's event log."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from django.db import IntegrityError, connection, transaction
+
+from agents.models import Agent
+from checkpoints import live
+from checkpoints.models import (
+    Branch,
+    Checkpoint,
+    CheckpointStatus,
+    DeletedThread,
+    Event,
+    Thread,
+)
+from checkpoints.storage import keys
+from checkpoints.storage.branches import MAIN_BRANCH, forget_thread
+from checkpoints.storage.errors import (
+    InvalidState,
+    NotFound,
+)
+from checkpoints.storage.nodes import drop_thread
+from checkpoints.storage.validation import checked_object
+
+
+def create_thread(
+    *, agent: Agent, external_id: str | None = None, metadata: dict[str, Any] | None = None
+) -> tuple[Thread, bool]:
+    """Create a thread with its `main` branch, or return the agent's thread with `external_id`.
+
+    Returns (thread, created).
+    """
+    metadata = checked_object(metadata or {}, field="metadata")
+    if external_id is not None:
+        existing = Thread.objects.filter(agent=agent, external_id=external_id).first()
+        if existing is not None:
+            return existing, False
+    try:
+        with transaction.atomic():
+            thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata)
+            keys.create_thread_key(thread.pk)
+            branch = Branch.objects.create(thread=thread, name=MAIN_BRANCH)
+            thread.active_branch = branch
+            thread.save(update_fields=["active_branch"])
+            record_event(thread=thread, type="thread.created", data={"agent": agent.name, "status": thread.status})
+    except IntegrityError:
+        # Another request created the same (agent, external_id) first: theirs wins.
+        existing = Thread.objects.filter(agent=agent, external_id=external_id).first()
+        if existing is None:
+            raise
+        return existing, False
+    return thread, True
+
+
+def record_event(*, thread: Thread | UUID, type: str, data: dict[str, Any]) -> Event:
+    """Append an event to the thread's log; call it inside the transaction making the change."""
+    thread_id = thread.pk if isinstance(thread, Thread) else thread
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE checkpoints_thread SET event_seq = event_seq + 1, updated_at = now() "
+            "WHERE id = %s RETURNING event_seq",
+            [thread_id],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        raise NotFound(f"Thread {thread_id} does not exist.")
+    event = Event.objects.create(thread_id=thread_id, seq=row[0], type=type, data=data)
+    live.publish_on_commit(thread_id=thread_id, seq=event.seq, type=type, data=data, agent=data.get("agent"))
+    return event
+
+
+def set_thread_status(*, thread: Thread | UUID, status: str) -> None:
+    """Set a thread's status without a checkpoint (a LangGraph graph that ran to its end),
+    with a `thread.updated` event in the same transaction."""
+    if status not in CheckpointStatus.values:
+        raise InvalidState(f"`status` must be one of {', '.join(CheckpointStatus.values)}.", detail={"field": "status"})
+    thread_id = thread.pk if isinstance(thread, Thread) else thread
+    with transaction.atomic():
+        # A cancellation stands: an agent finishing afterwards does not undo it.
+        if Thread.objects.filter(pk=thread_id).exclude(status=CheckpointStatus.CANCELLED).update(status=status):
+            record_event(thread=thread_id, type="thread.updated", data={"status": status})
+
+
+def start_branch(*, thread: Thread, at: Checkpoint | UUID, name: str) -> Branch:
+    """Open a new, empty branch whose first checkpoint will follow `at`."""
+    at_id = at.pk if isinstance(at, Checkpoint) else at
+    if not Checkpoint.objects.filter(pk=at_id, thread=thread).exists():
+        raise NotFound(f"Checkpoint {at_id} is not in thread {thread.pk}.", detail={"field": "at"})
+    if not name or len(name) > 100:
+        raise InvalidState("A branch name must be 1 to 100 characters.", detail={"field": "name"})
+    try:
+        with transaction.atomic():
+            branch = Branch.objects.create(thread=thread, name=name, fork_point_id=at_id)
+            record_event(thread=thread, type="branch.created", data={"branch": name, "fork_point": str(at_id)})
+    except IntegrityError:
+        raise InvalidState(
+            f"Thread {thread.pk} already has a branch named '{name}'.", detail={"field": "name"}
+        ) from None
+    return branch
+
+
+def delete_thread(thread: Thread) -> None:
+    """Delete a thread with everything in it, and destroy its data key (crypto-shredding):
+    any copy of its rows left elsewhere, a backup included, can no longer be decrypted."""
+    with transaction.atomic():
+        # The checkpoint tree and the branches' fork points protect their rows one by one;
+        # the whole thread goes, so unlink them first and let the cascade do the rest.
+        Thread.objects.filter(pk=thread.pk).update(active_branch=None, head=None)
+        Branch.objects.filter(thread=thread).update(fork_point=None)
+        Checkpoint.objects.filter(thread=thread).update(parent=None)
+        keys.shred(thread.pk)
+        Thread.objects.filter(pk=thread.pk).delete()
+        DeletedThread.objects.get_or_create(thread_id=thread.pk)  # its blob files go at the next prune
+    forget_thread(thread.pk)
+    drop_thread(thread.pk)

@@ -1,0 +1,109 @@
+"""The engine's process-wide caches (checkpoints.storage.lru): bounded, safe under concurrent
+request threads, and never holding what a rolled-back transaction wrote."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from django.db import transaction
+
+from agents.models import Agent
+from checkpoints import storage
+from checkpoints.models import Branch
+from checkpoints.storage import branches
+from checkpoints.storage.lru import LRU
+
+
+class RolledBack(Exception):
+    pass
+
+
+def test_a_cache_keeps_its_bound_evicting_the_least_recently_used() -> None:
+    cache: LRU[int, str] = LRU(3)
+    for n in range(3):
+        cache.put(n, str(n))
+    cache.get(0)  # used: 1 is now the oldest
+    cache.put(3, "3")
+    assert [cache.find(n)[0] for n in range(4)] == [True, False, True, True]
+    assert len(cache) == 3
+
+
+def test_a_weighted_cache_is_bounded_by_the_total_weight() -> None:
+    cache: LRU[str, bytes] = LRU(10, weigh=len)
+    cache.put("a", b"12345")
+    cache.put("b", b"1234")
+    cache.put("c", b"123")  # 12 > 10: "a" goes
+    cache.put("huge", b"x" * 11)  # larger than the whole cache: not kept
+    assert [cache.find(key)[0] for key in ("a", "b", "c", "huge")] == [False, True, True, False]
+
+
+def test_request_threads_inserting_while_another_forgets_a_thread_neither_fail_nor_overflow() -> None:
+    # A thread's deletion walks the branch cache while request threads fill it: with a plain dict
+    # the walk raised "dictionary changed size during iteration" now and then.
+    writers, rounds = 4, 20_000
+    start = threading.Barrier(writers + 1)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def insert(worker: int) -> None:
+        start.wait()
+        try:
+            for n in range(rounds):
+                branches._branches.put((uuid.UUID(int=worker * rounds + n), "main"), (n, None))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    def forget() -> None:
+        start.wait()
+        try:
+            while not done.is_set():
+                branches.forget_thread(uuid.UUID(int=0))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    inserters = [threading.Thread(target=insert, args=(worker,)) for worker in range(writers)]
+    forgetter = threading.Thread(target=forget)
+    for thread in [*inserters, forgetter]:
+        thread.start()
+    for thread in inserters:
+        thread.join()
+    done.set()
+    forgetter.join()
+
+    assert errors == []
+    assert len(branches._branches) <= branches._branches.limit()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_after_a_rolled_back_fork_the_branch_and_its_checkpoint_are_gone_without_clearing_anything(
+    agent: Agent,
+) -> None:
+    thread = storage.create_thread(agent=agent)[0]
+    root = storage.append_checkpoint(thread=thread, parent=None, state={"plan": "a"})
+    with pytest.raises(RolledBack), transaction.atomic():
+        storage.start_branch(thread=thread, at=root, name="retry")
+        doomed = storage.append_checkpoint(thread=thread, parent=root, branch="retry", state={"plan": "b"})
+        assert storage.latest_state(thread=thread, branch="retry") == (doomed.pk, {"plan": "b"})
+        raise RolledBack
+
+    with pytest.raises(storage.NotFound):
+        storage.latest_state(thread=thread, branch="retry")
+    with pytest.raises(storage.NotFound):
+        storage.state_at(doomed.pk)
+    # The same name again is a new branch; the first write to it lands at once.
+    storage.start_branch(thread=thread, at=root, name="retry")
+    again = storage.append_checkpoint(thread=thread, parent=root, branch="retry", state={"plan": "c"})
+    assert again.branch_id == Branch.objects.get(thread=thread, name="retry").pk
+    assert storage.latest_state(thread=thread, branch="retry") == (again.pk, {"plan": "c"})
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_committed_write_is_served_from_the_cache(agent: Agent) -> None:
+    thread = storage.create_thread(agent=agent)[0]
+    with transaction.atomic():
+        written = storage.append_checkpoint(thread=thread, parent=None, state={"n": 1})
+        assert storage.load_node(written.pk) is not None
+    node = storage.load_node(written.pk)
+    assert storage.load_node(written.pk) is node  # kept once committed

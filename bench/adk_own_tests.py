@@ -85,9 +85,9 @@ def setup() -> None:
 def _empty() -> None:
     from django.db import connection
 
-    from checkpoints import store
+    from checkpoints import storage
 
-    store.clear_caches()
+    storage.clear_caches()
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
 

@@ -117,9 +117,9 @@ def table_bytes(tables: Sequence[str]) -> int:
 
 
 def reset_quicksave() -> None:
-    from checkpoints import store
+    from checkpoints import storage
 
-    store.clear_caches()
+    storage.clear_caches()
     with psycopg.connect(conninfo(), autocommit=True) as conn:
         conn.execute(f"TRUNCATE {', '.join(TABLES)}, checkpoints_toolresult, approvals_approvalrequest CASCADE")
 

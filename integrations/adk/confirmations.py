@@ -33,7 +33,7 @@ from agents.runtime import ApprovalMismatch, decision_for
 from approvals.models import ApprovalRequest
 from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.tools import tool_key
+from checkpoints.storage import tool_key
 
 log = logging.getLogger(__name__)
 ACTION_CHARS = 200

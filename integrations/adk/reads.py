@@ -3,7 +3,7 @@ newest events in one statement, and each event from its own checkpoint row (no r
 
 A session's events are the checkpoints of its branch that carry `adk_event` in their metadata,
 back to the branch's fork point, then the fork point's branch, and so on. Every row read has its
-MAC checked against its parent's, as the store's own reader does.
+MAC checked against its parent's, as the storage engine's own reader does.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from django.db import connection
 from django.db.models import OuterRef, Subquery
 from google.adk.events.event import Event
 
-from checkpoints import codec, store
-from checkpoints.errors import IntegrityFailure
+from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind
+from checkpoints.storage import IntegrityFailure, codec
 
 COLUMNS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 EVENT = 10  # where an event's columns begin in a row of SESSION_SQL
@@ -135,18 +135,14 @@ def recent_events(
 def verify(row: Checkpoint, *, parent_integrity: Any) -> None:
     """Refuse a row whose MAC does not match its fields, its payload and its parent's MAC."""
     parent = bytes(parent_integrity) if parent_integrity is not None else None
-    if not codec.integrity_matches(
-        bytes(row.integrity), parent_integrity=parent, checkpoint_id=row.id, thread_id=row.thread_id,
-        branch_id=row.branch_id, parent_id=row.parent_id, seq=row.seq, kind=row.kind, payload=bytes(row.payload),
-        fields=store.mac_fields(row), created_at=row.created_at,
-    ):  # fmt: skip
+    if not storage.mac_matches(row, parent_integrity=parent):
         raise IntegrityFailure(f"Checkpoint {row.id} fails its integrity check: it was altered outside Quicksave.",
                                detail={"checkpoint": str(row.id)})  # fmt: skip
 
 
 def event_of(row: Checkpoint) -> Any:
     """The event a checkpoint appended, read from its own payload (no replay)."""
-    payload = store.decode_payload(row)
+    payload = storage.decode_payload(row)
     if row.kind == PayloadKind.SNAPSHOT:
         return payload["event"]
     return next(op["value"] for op in payload if op.get("path") == "/event")

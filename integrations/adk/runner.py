@@ -32,7 +32,7 @@ from agents import runtime
 from agents.fencing import Fence
 from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import store
+from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.adk import confirmations
 from integrations.adk.reads import event_of
@@ -56,7 +56,7 @@ class AdkAgent(runtime.LoopAgent):
             # A fork or a manual resume: an ADK invocation starts from a user message, so the
             # session goes on from here when its application sends the next one.
             log.info("run %s (%s): ADK session %s goes on with its next message", run.pk, run.reason, thread.pk)
-            store.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
+            storage.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
             return "done"
         approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
         message = bound_response(approval, thread)
@@ -71,7 +71,7 @@ class AdkAgent(runtime.LoopAgent):
         asyncio.run(answer())
         if ApprovalRequest.objects.filter(thread_id=thread.pk, status=ApprovalStatus.PENDING).exists():
             return "suspended"
-        store.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
+        storage.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
         return "done"
 
 

@@ -40,9 +40,9 @@ from google.adk.sessions.state import State
 from agents.fencing import Fence
 from agents.keys import get_or_create_agent
 from agents.models import Agent
-from checkpoints import codec, store
-from checkpoints.errors import NotFound, StaleParent
+from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
+from checkpoints.storage import NotFound, StaleParent, codec
 from integrations.adk import confirmations
 from integrations.adk.forks import FRAMEWORK, last_event
 from integrations.adk.reads import read_session
@@ -137,14 +137,14 @@ class QuicksaveSessionService(BaseSessionService):
         agent = get_or_create_agent(name=app_name, version=FRAMEWORK)
         now = time.time()
         with transaction.atomic():
-            thread, created = store.create_thread(
+            thread, created = storage.create_thread(
                 agent=agent, external_id=session_key(user_id, session_id),
                 metadata={"framework": FRAMEWORK, "adk": {"app_name": app_name, "user_id": user_id,
                                                           "session_id": session_id}},
             )  # fmt: skip
             if not created:
                 raise AlreadyExistsError(f"Session with id {session_id} already exists.")
-            store.append_checkpoint(thread=thread, parent=None, state={"state": session_state, "event": None}, step=0,
+            storage.append_checkpoint(thread=thread, parent=None, state={"state": session_state, "event": None}, step=0,
                                     label="session created", metadata={"ts": now}, fence=self.fence)  # fmt: skip
             app_state = self._update_scope(agent, APP_SCOPE, app_delta)
             user_state = self._update_scope(agent, USER_SCOPE + user_id, user_delta)
@@ -200,13 +200,13 @@ class QuicksaveSessionService(BaseSessionService):
         thread = find_thread(app_name, user_id, session_id)
         self._heads.pop((app_name, user_id, session_id.strip() if session_id else session_id), None)
         if thread is not None:
-            store.delete_thread(thread)
+            storage.delete_thread(thread)
 
     def store_event(self, session: Session, event: Event) -> bool:
         """Write `event` as the session's next checkpoint; False when it is the head already.
 
         The head this service last wrote or read is tried first, so an append is one statement in
-        autocommit; the store refuses it if the head moved, and the head is then read again.
+        autocommit; the storage engine refuses it if the head moved, and the head is then read again.
         """
         if self.fence is not None and not self.lease_held():
             raise self.fence.lost(thread_id=self._head(session, fresh=False).thread.pk)
@@ -245,7 +245,7 @@ class QuicksaveSessionService(BaseSessionService):
         # Alone, the append is one statement in autocommit; with shared state or an approval to
         # file, they commit together.
         with transaction.atomic() if asks or app_delta or user_delta else contextlib.nullcontext():
-            checkpoint = store.append_checkpoint(
+            checkpoint = storage.append_checkpoint(
                 thread=head.thread, parent=head.checkpoint_id, patch=patch, step=head.step + 1,
                 label=label_of(event),
                 # The events after a confirmation's, in its invocation, leave the thread waiting.
@@ -292,15 +292,15 @@ class QuicksaveSessionService(BaseSessionService):
         """Merge `delta` into a scope's state (a checkpoint when it changes anything); the new state."""
         if not delta:
             return self._scope_state(agent.name, key)
-        thread, _ = store.create_thread(agent=agent, external_id=key,
+        thread, _ = storage.create_thread(agent=agent, external_id=key,
                                         metadata={"framework": FRAMEWORK, "adk": {"scope": key}})  # fmt: skip
         while True:
-            head, state = store.latest_state(thread=thread)
+            head, state = storage.latest_state(thread=thread)
             if all(name in state and state[name] == value for name, value in delta.items()):
                 return state
             try:
                 with transaction.atomic():
-                    store.append_checkpoint(thread=thread, parent=head, state={**state, **delta}, label="state",
+                    storage.append_checkpoint(thread=thread, parent=head, state={**state, **delta}, label="state",
                                             fence=self.fence)  # fmt: skip
                 return {**state, **delta}
             except StaleParent:
@@ -330,7 +330,7 @@ def with_heads(threads: QuerySet[Thread]) -> QuerySet[Thread]:
 
 def session_state(checkpoint_id: Any, *, key: str | None = "state") -> dict[str, Any]:
     """The state at a checkpoint: a session's (under `key`) or a scope's (the whole state)."""
-    state = store.load_node(checkpoint_id, hot=True).state
+    state = storage.load_node(checkpoint_id, hot=True).state
     return dict((state.get(key) or {}) if key else state)
 
 

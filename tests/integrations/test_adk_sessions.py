@@ -192,3 +192,31 @@ async def test_a_dashboard_fork_is_where_the_session_goes_on_with_the_edited_sta
     assert recent is not None and texts(recent) == ["turn 0", "turn 1, bolder"]
     with pytest.raises(StaleSessionError):  # the copy from before the fork is on the branch left behind
         await service.append_event(session, said("turn 3, on the old branch"))
+
+
+async def test_a_worker_attempt_that_lost_its_run_writes_nothing(app: str) -> None:
+    from django.utils import timezone
+
+    from agents.fencing import Fence, LeaseLost
+    from agents.models import Agent, Run, RunReason
+    from agents.runs import claim_run, enqueue_run
+
+    service = QuicksaveSessionService()
+    session = await service.create_session(app_name=app, user_id="ana")
+
+    def claimed_twice() -> Fence:
+        found = find_thread(app, "ana", session.id)
+        assert found is not None
+        thread = Thread.objects.get(pk=found.pk)
+        run = enqueue_run(thread=thread, checkpoint=Checkpoint.objects.get(pk=thread.head_id), reason=RunReason.MANUAL)
+        agents = [Agent.objects.get(pk=thread.agent_id)]
+        claim_run(agents=agents, worker="first", lease_seconds=1)
+        Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now())  # the first worker's lease ran out
+        assert claim_run(agents=agents, worker="second") is not None
+        return Fence(run.pk, 1)
+
+    first_attempt = await database_sync_to_async(claimed_twice)()
+    with pytest.raises(LeaseLost):
+        await QuicksaveSessionService(fence=first_attempt).append_event(session, said("from the first attempt"))
+    got = await service.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert got is not None and got.events == []

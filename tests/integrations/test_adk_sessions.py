@@ -207,8 +207,9 @@ async def test_a_worker_attempt_that_lost_its_run_writes_nothing(app: str) -> No
     def claimed_twice() -> Fence:
         found = find_thread(app, "ana", session.id)
         assert found is not None
-        thread = Thread.objects.get(pk=found.pk)
-        run = enqueue_run(thread=thread, checkpoint=Checkpoint.objects.get(pk=thread.head_id), reason=RunReason.MANUAL)
+        thread = Thread.objects.select_related("head").get(pk=found.pk)
+        assert thread.head is not None
+        run = enqueue_run(thread=thread, checkpoint=thread.head, reason=RunReason.MANUAL)
         agents = [Agent.objects.get(pk=thread.agent_id)]
         claim_run(agents=agents, worker="first", lease_seconds=1)
         Run.objects.filter(pk=run.pk).update(lease_expires_at=timezone.now())  # the first worker's lease ran out

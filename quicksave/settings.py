@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "audit",
     "integrations.langgraph.apps.LangGraphConfig",
     "integrations.pydantic_ai.apps.PydanticAIConfig",
+    "integrations.adk.apps.AdkConfig",
 ]
 
 MIDDLEWARE = [
@@ -255,10 +256,21 @@ QUICKSAVE_ENCRYPTION_KEYS = envsecret(
 parse_keyring(QUICKSAVE_ENCRYPTION_KEYS)  # a bad keyring stops the process here, naming the entry
 
 # Approvals, runs and in-process agents.
-# The Pydantic AI demo agent joins the default when its optional requirements are installed.
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # its parent package is missing (google, for google.adk)
+        return False
+
+
+# The framework demo agents join the default when their optional requirements are installed.
 QUICKSAVE_AGENT_MODULES = envlist(
     "QUICKSAVE_AGENT_MODULES",
-    ["agents.demo"] + (["integrations.pydantic_ai.demo"] if importlib.util.find_spec("pydantic_ai") else []),
+    ["agents.demo"]
+    + (["integrations.pydantic_ai.demo"] if _installed("pydantic_ai") else [])
+    + (["integrations.adk.demo"] if _installed("google.adk") else []),
 )
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)

@@ -6,10 +6,10 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from agents.auth import AgentPrincipal
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import live
 from checkpoints.access import visible_threads
+from quicksave_agents.auth import AgentPrincipal
 
 
 def _pending(principal: Any) -> list[str]:

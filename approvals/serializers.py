@@ -6,9 +6,9 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.serializers import ToolCallSchemaSerializer, tool_call_data
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
 from quicksave.api import FenceField, StrictSerializer
+from quicksave_agents.serializers import ToolCallSchemaSerializer, tool_call_data
 
 
 def approval_data(approval: ApprovalRequest) -> dict[str, Any]:

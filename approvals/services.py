@@ -17,15 +17,15 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from agents import fencing, tool_calls
-from agents.fencing import Fence
-from agents.models import Agent, RunReason, ToolCall
-from agents.runs import enqueue_run
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
 from audit import trail
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from checkpoints.storage import codec, record_event, set_thread_status
 from quicksave.errors import DomainError
+from quicksave_agents import fencing, tool_calls
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import Agent, RunReason, ToolCall
+from quicksave_agents.runs import enqueue_run
 
 APPROVE = "approve"
 REJECT = "reject"

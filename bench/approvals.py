@@ -102,13 +102,13 @@ def measure(n: int, worker: subprocess.Popen[bytes]) -> tuple[list[float], list[
     """Approve n travel threads one at a time; returns (from commit, from decided_at) in ms per approval."""
     from django.contrib.auth.models import User
 
-    from agents.demo import TravelAgent
-    from agents.models import Run, RunStatus
-    from agents.runtime import start_thread
     from approvals.models import ApprovalRequest, ApprovalStatus
     from approvals.services import decide
     from checkpoints.models import Checkpoint, Thread, ThreadStatus
     from quicksave.roles import grant_role
+    from quicksave_agents.demo import TravelAgent
+    from quicksave_agents.models import Run, RunStatus
+    from quicksave_agents.runtime import start_thread
 
     reviewer, _ = User.objects.get_or_create(username="bench-reviewer")
     grant_role(user=reviewer, role="reviewer")

@@ -69,9 +69,9 @@ def _drop_thread(thread_id: Any) -> None:
 def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: int | None, fork_steps: int) -> Any:
     """A thread whose main branch has `steps` checkpoints, each appending one message of about
     `message_bytes` to the state, and optionally a fork of `fork_steps` from main's #`fork_at`."""
-    from agents.keys import get_or_create_agent
     from checkpoints import storage
     from checkpoints.models import Checkpoint, Thread
+    from quicksave_agents.keys import get_or_create_agent
 
     agent = get_or_create_agent(name=AGENT)
     existing = Thread.objects.filter(agent=agent, external_id=external_id).first()

@@ -80,8 +80,8 @@ def setup_django() -> None:
 def _reset() -> Any:
     from django.db import connection
 
-    from agents.keys import get_or_create_agent
     from checkpoints import storage
+    from quicksave_agents.keys import get_or_create_agent
 
     storage.clear_caches()
     with connection.cursor() as cursor:
@@ -212,7 +212,7 @@ def run_http(steps: int) -> Result:
     The client is the standard library's http.client: the figure is the server's, not a client library's.
     """
     setup_django()
-    from agents.keys import create_agent_key
+    from quicksave_agents.keys import create_agent_key
 
     agent = _reset()
     _, key = create_agent_key(agent=agent)

@@ -66,8 +66,8 @@ def run(steps: int, *, offload: bool, blob_dir: Path) -> tuple[dict[str, Any], A
     from django.db import connection
     from django.test import override_settings
 
-    from agents.keys import get_or_create_agent
     from checkpoints import storage
+    from quicksave_agents.keys import get_or_create_agent
 
     overrides: dict[str, Any] = {
         # Ten 2 MB attachments make a 20 MB state: above the default 16 MiB limit on purpose.

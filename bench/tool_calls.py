@@ -5,7 +5,7 @@ Usage (from /work/main)::
     .venv/bin/python bench/tool_calls.py              # 1,000 steps, 3 rounds of each agent
     .venv/bin/python bench/tool_calls.py --steps 200 --rounds 1
 
-Two in-process agents run through the real worker loop (`agents.worker.Worker.run_once`: a claimed
+Two in-process agents run through the real worker loop (`quicksave_agents.worker.Worker.run_once`: a claimed
 run, its heartbeat, every write fenced) against the `quicksave_bench` database, taking turns round
 by round so both see the same machine:
 
@@ -45,7 +45,7 @@ def lookup(args: dict[str, Any]) -> dict[str, Any]:
 
 
 def define_agents(steps: int) -> tuple[type[Any], type[Any]]:
-    from agents.runtime import Agent, Context, Continue, Done, StepResult, register
+    from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, register
 
     class _Stepper(Agent):
         logged = True
@@ -75,10 +75,10 @@ def define_agents(steps: int) -> tuple[type[Any], type[Any]]:
 
 def one_round(agent_class: type[Any], steps: int, round_number: int) -> float:
     """Steps per second of one thread of `steps` steps, from the claim to the last checkpoint."""
-    from agents.models import ToolCall
-    from agents.runtime import start_thread
-    from agents.worker import Worker
     from checkpoints.models import Checkpoint, Thread, ThreadStatus
+    from quicksave_agents.models import ToolCall
+    from quicksave_agents.runtime import start_thread
+    from quicksave_agents.worker import Worker
 
     worker = Worker(agent_names=[agent_class.name], name=f"bench-{agent_class.name}")
     thread = start_thread(agent_class=agent_class, external_id=f"round-{round_number}-{time.time_ns()}")

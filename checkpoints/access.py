@@ -10,9 +10,9 @@ from django.db.models import QuerySet
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
-from agents.auth import AgentPrincipal
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage.lru import LRU
+from quicksave_agents.auth import AgentPrincipal
 
 
 def visible_threads(principal: Any) -> QuerySet[Thread]:

@@ -17,8 +17,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents.auth import AgentPrincipal
-from agents.models import Agent, Run
 from audit.trail import client_address
 from checkpoints import export, forks, selectors, storage
 from checkpoints.access import (
@@ -53,6 +51,8 @@ from checkpoints.serializers import (
 )
 from checkpoints.storage.tool_results import get_tool_result, put_tool_result
 from quicksave.api import CursorPage
+from quicksave_agents.auth import AgentPrincipal
+from quicksave_agents.models import Agent, Run
 
 
 def _query(serializer_class: type, request: Request) -> dict[str, Any]:

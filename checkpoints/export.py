@@ -49,13 +49,13 @@ from django.db import transaction
 from django.db.models import Count, Max
 from django.utils import timezone
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, CheckpointStatus, PayloadKind, Thread
 from checkpoints.storage.errors import IntegrityFailure, StoreError
 from checkpoints.storage.verify import mac_matches
 from quicksave.errors import DomainError
 from quicksave.jsontext import UnstorableText, loads_strict
+from quicksave_agents.models import Agent
 
 FORMAT = "quicksave-trajectory"
 VERSION = 1

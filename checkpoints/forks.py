@@ -23,8 +23,6 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from agents.models import Run, RunReason, RunStatus
-from agents.runs import enqueue_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import InvalidApproval, cancel_pending
 from audit import trail
@@ -35,6 +33,8 @@ from checkpoints.storage import codec
 from checkpoints.storage.errors import InvalidPatch, InvalidState, NotFound, StateTooLarge
 from checkpoints.storage.jsonpatch import PatchError, PatchTooLarge, apply_patch, validate_ops
 from quicksave.errors import DomainError
+from quicksave_agents.models import Run, RunReason, RunStatus
+from quicksave_agents.runs import enqueue_run
 
 REASON_MAX_CHARS = 2000
 # The label names the checkpoint in headings, lists and the branch tree, so it carries only the

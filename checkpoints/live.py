@@ -41,7 +41,7 @@ from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
 
-from agents.models import AgentKey
+from quicksave_agents.models import AgentKey
 
 log = logging.getLogger(__name__)
 
@@ -120,8 +120,8 @@ def sign_in_of(scope: dict[str, Any]) -> SignIn | None:
     """The sign-in behind a socket's principal; None for a person without a session (only tests
     make those)."""
     user = scope.get("user")
-    # An agents.auth.AgentPrincipal, known by its key: agents.auth imports agents.keys, which
-    # imports this module.
+    # A quicksave_agents.auth.AgentPrincipal, known by its key: quicksave_agents.auth imports
+    # quicksave_agents.keys, which imports this module.
     key = getattr(user, "key", None)
     if isinstance(key, AgentKey):
         return SignIn(agent_key_id=key.pk)

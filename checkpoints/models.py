@@ -14,9 +14,9 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Collate
 from django.utils import timezone
 
-from agents.models import Agent
 from checkpoints.fields import SealedJSONField
 from checkpoints.ids import new_id
+from quicksave_agents.models import Agent
 
 
 class ThreadStatus(models.TextChoices):

@@ -38,7 +38,6 @@ from django.db import DatabaseError, transaction
 from django.db.models import Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery, Sum
 from django.utils import timezone
 
-from agents.models import Agent, Run, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from audit import trail
 from checkpoints import storage
@@ -46,6 +45,7 @@ from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ThreadSt
 from checkpoints.storage import codec, crypto
 from checkpoints.storage.jsonpatch import PatchError, apply_patch, json_equal, make_patch
 from quicksave.errors import DomainError
+from quicksave_agents.models import Agent, Run, RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -23,9 +23,9 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
-from agents.fencing import Fence
 from quicksave.errors import PAYLOAD_TOO_LARGE, DomainError, payload_too_large
 from quicksave.jsontext import UnstorableText, loads_strict
+from quicksave_agents.fencing import Fence
 
 
 class UnsupportedText(exceptions.ParseError):
@@ -101,7 +101,7 @@ def parse_fence(value: Any, *, field: str = "fence") -> Fence | None:
 
 @extend_schema_field(OpenApiTypes.STR)
 class FenceField(serializers.Field):  # type: ignore[type-arg]
-    """A run attempt's fence token, read as an agents.fencing.Fence."""
+    """A run attempt's fence token, read as a quicksave_agents.fencing.Fence."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("required", False)

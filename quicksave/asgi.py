@@ -32,10 +32,10 @@ from quicksave.http_app import http_application  # noqa: E402
 wsgi_app: Any = StaticFilesHandler(django_wsgi_app) if settings.QUICKSAVE_SERVE_STATIC else django_wsgi_app
 http_app = http_application(wsgi_app)
 
-from agents.ws_auth import AgentKeyAuthMiddleware  # noqa: E402
 from approvals.routing import websocket_urlpatterns as inbox_routes  # noqa: E402
 from checkpoints.routing import fallback_routes  # noqa: E402
 from checkpoints.routing import websocket_urlpatterns as thread_routes  # noqa: E402
+from quicksave_agents.ws_auth import AgentKeyAuthMiddleware  # noqa: E402
 
 websocket_app = AllowedHostsOriginValidator(
     AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
@@ -44,6 +44,6 @@ websocket_app = AllowedHostsOriginValidator(
 application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})
 
 if settings.QUICKSAVE_EMBEDDED_WORKER:
-    from agents.worker import start_background_worker
+    from quicksave_agents.worker import start_background_worker
 
     start_background_worker()

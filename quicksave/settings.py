@@ -43,7 +43,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "quicksave",
-    "agents",
+    "quicksave_agents",
     "checkpoints",
     "approvals",
     "audit",
@@ -196,7 +196,7 @@ QUICKSAVE_HTTP_THREADS = envint("QUICKSAVE_HTTP_THREADS", 32, minimum=1)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "agents.auth.AgentKeyAuthentication",
+        "quicksave_agents.auth.AgentKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -268,7 +268,7 @@ def _installed(module: str) -> bool:
 # The framework demo agents join the default when their optional requirements are installed.
 QUICKSAVE_AGENT_MODULES = envlist(
     "QUICKSAVE_AGENT_MODULES",
-    ["agents.demo"]
+    ["quicksave_agents.demo"]
     + (["integrations.pydantic_ai.demo"] if _installed("pydantic_ai") else [])
     + (["integrations.adk.demo"] if _installed("google.adk") else []),
 )

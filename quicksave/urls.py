@@ -23,7 +23,7 @@ urlpatterns = [
     path("favicon.ico", favicon),
     path("api/v1/", include("checkpoints.urls")),
     path("api/v1/", include("approvals.urls")),
-    path("api/v1/", include("agents.urls")),
+    path("api/v1/", include("quicksave_agents.urls")),
     # For people and agents who are signed in (SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"]); the docs
     # send a signed-out browser to the sign-in page. The split view serves its script from a URL,
     # not inline, as the Content-Security-Policy requires.
@@ -36,7 +36,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
     path("audit/", include("audit.urls")),
-    path("agents/", include("agents.dashboard_urls")),
+    path("agents/", include("quicksave_agents.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

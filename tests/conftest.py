@@ -10,12 +10,12 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents.keys import create_agent_key, get_or_create_agent
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Thread
 from checkpoints.storage import lent_connection
 from quicksave.roles import grant_role
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
+from quicksave_agents.models import Agent
 from tests.processes import RedisServer
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.keys import create_agent_key, get_or_create_agent
 from checkpoints import storage
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

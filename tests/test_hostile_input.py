@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from agents.models import AgentKey, Run
 from approvals.models import ApprovalRequest
 from approvals.services import request_approval
 from audit.models import AuditEntry
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ToolResult
+from quicksave_agents.models import AgentKey, Run
 from tests.conftest import person
 
 MODELS = (Thread, Branch, Checkpoint, Event, ToolResult, ApprovalRequest, AuditEntry, Run, AgentKey)

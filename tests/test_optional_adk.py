@@ -30,7 +30,7 @@ WITHOUT_ADK = textwrap.dedent(
 
     call_command("check", "--fail-level", "ERROR")
     import quicksave.asgi  # every HTTP view, API view and websocket consumer
-    import agents.demo, agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
+    import quicksave_agents.demo, quicksave_agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
 
     print("modules:", settings.QUICKSAVE_AGENT_MODULES)
     print("loaded:", sorted(name for name in sys.modules if name.startswith(("google.adk", "google.genai"))))
@@ -46,5 +46,5 @@ def test_the_core_imports_and_checks_without_adk_installed() -> None:
         [sys.executable, "-c", WITHOUT_ADK], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "modules: ['agents.demo'" in done.stdout and "integrations.adk.demo" not in done.stdout
+    assert "modules: ['quicksave_agents.demo'" in done.stdout and "integrations.adk.demo" not in done.stdout
     assert "loaded: []" in done.stdout

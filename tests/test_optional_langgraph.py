@@ -29,7 +29,7 @@ WITHOUT_LANGGRAPH = textwrap.dedent(
 
     call_command("check", "--fail-level", "ERROR")
     import quicksave.asgi  # every HTTP view, API view and websocket consumer
-    import agents.demo, agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
+    import quicksave_agents.demo, quicksave_agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
 
     print("loaded:", sorted(name for name in sys.modules if name.startswith(("langgraph", "langchain"))))
     """

@@ -24,7 +24,7 @@ WITHOUT_PYDANTIC_AI = textwrap.dedent(
 
     call_command("check", "--fail-level", "ERROR")
     import quicksave.asgi  # every HTTP view, API view and websocket consumer
-    import agents.demo, agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
+    import quicksave_agents.demo, quicksave_agents.worker, checkpoints.forks, checkpoints.retention, checkpoints.export
     import integrations.pydantic_ai.forks
 
     from django.conf import settings

@@ -16,11 +16,11 @@ from channels.testing import WebsocketCommunicator
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents import runs, tool_calls
-from agents.keys import create_agent_key, get_or_create_agent
 from approvals.services import request_approval
 from checkpoints import storage
 from checkpoints.storage.tool_results import put_tool_result
+from quicksave_agents import runs, tool_calls
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.conftest import handshake, person
 
 OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS = "owner-key", "foreign-key", "viewer", "reviewer", "admin", "anon"
@@ -199,9 +199,9 @@ def application() -> Any:
     from channels.auth import AuthMiddlewareStack
     from channels.routing import URLRouter
 
-    from agents.ws_auth import AgentKeyAuthMiddleware
     from approvals.routing import websocket_urlpatterns as inbox_routes
     from checkpoints.routing import websocket_urlpatterns as thread_routes
+    from quicksave_agents.ws_auth import AgentKeyAuthMiddleware
 
     return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
 

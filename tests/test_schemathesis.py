@@ -12,12 +12,12 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance
 
-from agents.api import MAX_WAIT_SECONDS
-from agents.keys import create_agent_key, get_or_create_agent
-from agents.models import RunReason
-from agents.runs import enqueue_run
 from approvals.services import request_approval
 from checkpoints import storage
+from quicksave_agents.api import MAX_WAIT_SECONDS
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
+from quicksave_agents.models import RunReason
+from quicksave_agents.runs import enqueue_run
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,9 +19,9 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agents.keys import create_agent_key, get_or_create_agent
 from checkpoints import storage
 from checkpoints.models import Thread
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.conftest import person
 from tests.processes import ROOT, database_url
 

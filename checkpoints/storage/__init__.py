@@ -15,7 +15,7 @@ internal; the primitives a few callers need by module are `codec` (framing and M
 `hotcache.status`, `blobs` (reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
-`timeline`, `svg`), nor approvals or agents beyond `agents.fencing` (the lease check its
+`timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
 append statement embeds) and the `Agent` model a thread belongs to.
 """
 

@@ -32,8 +32,6 @@ from django.utils import timezone
 from psycopg.types.json import Jsonb
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
-from agents import fencing
-from agents.fencing import Fence
 from checkpoints import live
 from checkpoints.ids import new_id
 from checkpoints.models import (
@@ -55,6 +53,8 @@ from checkpoints.storage.payloads import offloaded, seal_payload
 from checkpoints.storage.reads import REPLAY_COST_PER_BYTE, load_node
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
+from quicksave_agents import fencing
+from quicksave_agents.fencing import Fence
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +241,7 @@ WITH cp AS (
         -- Waits for a compaction rewriting the parent (it locks the row FOR UPDATE), then checks the
         -- new MAC. KEY SHARE is the lock the deferred parent_id foreign key takes at commit anyway.
         FOR KEY SHARE))
-    -- A run's write only while its attempt still holds the run (agents.fencing).
+    -- A run's write only while its attempt still holds the run (quicksave_agents.fencing).
     AND {fence}
     ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
     RETURNING id

@@ -7,7 +7,6 @@ from uuid import UUID
 
 from django.db import IntegrityError, connection, transaction
 
-from agents.models import Agent
 from checkpoints import live
 from checkpoints.models import (
     Branch,
@@ -25,6 +24,7 @@ from checkpoints.storage.errors import (
 )
 from checkpoints.storage.nodes import drop_thread
 from checkpoints.storage.validation import checked_object
+from quicksave_agents.models import Agent
 
 
 def create_thread(

@@ -13,12 +13,12 @@ import psycopg
 from django.db import IntegrityError, connection
 from django.utils import timezone
 
-from agents import fencing
-from agents.fencing import Fence
 from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
 from checkpoints.storage import codec, crypto
 from checkpoints.storage.errors import InvalidState, NotFound
+from quicksave_agents import fencing
+from quicksave_agents.fencing import Fence
 
 MAX_KEY_LENGTH = 128
 MAX_TOOL_LENGTH = 200  # ToolResult.tool's max_length

@@ -11,13 +11,13 @@ from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from agents.models import Agent
 from checkpoints import selectors
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
 from checkpoints.presentation import drawings, timeline
 from checkpoints.views import viewer_required
 from quicksave.forms import DateTimeInRangeField, PageLinkField, invalid_filters, page_queries
+from quicksave_agents.models import Agent
 
 PAGE_SIZE = 50
 SORT_CHOICES = [

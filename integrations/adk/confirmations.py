@@ -28,12 +28,12 @@ from google.adk.events.event import Event
 from google.adk.flows.llm_flows.functions import REQUEST_CONFIRMATION_FUNCTION_CALL_NAME
 from google.genai import types
 
-from agents.fencing import Fence
-from agents.runtime import ApprovalMismatch, decision_for
 from approvals.models import ApprovalRequest
 from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import tool_key
+from quicksave_agents.fencing import Fence
+from quicksave_agents.runtime import ApprovalMismatch, decision_for
 
 log = logging.getLogger(__name__)
 ACTION_CHARS = 200

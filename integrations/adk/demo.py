@@ -26,10 +26,10 @@ from google.adk.tools.function_tool import FunctionTool
 from google.adk.tools.tool_context import ToolContext
 from google.genai import types
 
-from agents.demo import register_seeder
 from checkpoints.models import Thread
 from integrations.adk.runner import register_adk_agent
 from integrations.adk.sessions import QuicksaveSessionService, find_thread
+from quicksave_agents.demo import register_seeder
 
 APP = "adk-concierge"
 USER = "demo-user"

@@ -28,15 +28,15 @@ from google.adk.events.event import Event
 from google.adk.runners import Runner
 from google.genai import types
 
-from agents import runtime
-from agents.fencing import Fence
-from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.adk import confirmations
 from integrations.adk.reads import event_of
 from integrations.adk.sessions import QuicksaveSessionService
+from quicksave_agents import runtime
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import Run, RunReason
 
 AgentFactory = Callable[[], BaseAgent]
 log = logging.getLogger(__name__)

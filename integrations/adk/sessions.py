@@ -37,15 +37,15 @@ from google.adk.sessions.base_session_service import BaseSessionService, GetSess
 from google.adk.sessions.session import Session
 from google.adk.sessions.state import State
 
-from agents.fencing import Fence
-from agents.keys import get_or_create_agent
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from checkpoints.storage import NotFound, StaleParent, codec
 from integrations.adk import confirmations
 from integrations.adk.forks import FRAMEWORK, last_event
 from integrations.adk.reads import read_session
+from quicksave_agents.fencing import Fence
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Agent
 
 APP_SCOPE = "adk:app-state"
 USER_SCOPE = "adk:user-state:"

@@ -44,13 +44,13 @@ from uuid import UUID
 
 from django.db import transaction
 
-from agents.fencing import Fence
-from agents.runtime import Decision, decision_for
 from approvals.models import ApprovalRequest, Risk
 from approvals.services import ApprovalPending, InvalidApproval, ThreadCancelled, request_approval
 from checkpoints.models import Checkpoint, Thread, ToolResult
 from checkpoints.storage import codec
 from checkpoints.storage.tool_results import get_tool_result, put_tool_result
+from quicksave_agents.fencing import Fence
+from quicksave_agents.runtime import Decision, decision_for
 
 log = logging.getLogger(__name__)
 

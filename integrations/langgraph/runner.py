@@ -25,14 +25,14 @@ from typing import Any
 from langchain_core.runnables import RunnableConfig
 from langgraph.types import Command
 
-from agents import runtime
-from agents.fencing import Fence
-from agents.models import Run, RunReason
 from approvals.models import ApprovalRequest
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.langgraph.interrupts import resume_for
 from integrations.langgraph.saver import QuicksaveSaver
+from quicksave_agents import runtime
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import Run, RunReason
 
 GraphFactory = Callable[[QuicksaveSaver], Any]
 

@@ -95,9 +95,6 @@ from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
 from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 
-from agents.fencing import Fence
-from agents.keys import get_or_create_agent
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.ids import new_id
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
@@ -106,6 +103,9 @@ from checkpoints.storage.errors import InvalidPatch, NotFound, StaleParent
 from checkpoints.storage.jsonpatch import format_pointer, make_patch
 from checkpoints.storage.tool_results import add_tool_results, put_tool_result
 from integrations.langgraph import interrupts
+from quicksave_agents.fencing import Fence
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Agent
 
 P = ParamSpec("P")
 R = TypeVar("R")

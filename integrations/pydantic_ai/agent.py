@@ -13,7 +13,7 @@ is checkpointed after every model response and after every batch of tool returns
 when the run ends: completed, with its output, or waiting for approval when it ends with
 `DeferredToolRequests` (integrations.pydantic_ai.deferred files those in the inbox).
 
-Tool calls are exactly-once the way the runtime's are (agents.tool_calls): the intent is recorded
+Tool calls are exactly-once the way the runtime's are (quicksave_agents.tool_calls): the intent is recorded
 before the tool runs and its result after, keyed by the checkpoint holding the model response the call came in
 and its tool call id, so a run that goes on from that checkpoint after a crash gets the recorded result
 instead of calling the tool again; a call that may have run without a recorded result goes to a
@@ -54,13 +54,13 @@ from pydantic_ai.capabilities import (
 from pydantic_ai.tools import AgentDepsT, ToolDefinition
 from pydantic_core import to_jsonable_python
 
-from agents import tool_calls
-from agents.fencing import Fence
-from agents.models import ToolCall
 from approvals.models import ApprovalRequest
 from approvals.services import file_in_doubt
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from integrations.pydantic_ai import deferred, threads
+from quicksave_agents import tool_calls
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import ToolCall
 
 
 class CallInDoubt(Exception):

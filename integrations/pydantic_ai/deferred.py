@@ -27,12 +27,12 @@ from typing import Any
 from django.db import transaction
 from pydantic_ai import DeferredToolRequests, DeferredToolResults, ToolApproved, ToolDenied, ToolFailed
 
-from agents.fencing import Fence
-from agents.runtime import ApprovalMismatch, decision_for
 from approvals.models import ApprovalRequest, ApprovalStatus, Risk
 from approvals.services import ApprovalPending, request_approval
 from checkpoints.models import Checkpoint, Thread, ToolResult
 from checkpoints.storage import get_tool_result, put_tool_result, tool_key
+from quicksave_agents.fencing import Fence
+from quicksave_agents.runtime import ApprovalMismatch, decision_for
 
 APPROVAL, EXTERNAL = "approval", "external"
 # The marker rows' tool name; the approval's id follows it.

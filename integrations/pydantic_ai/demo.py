@@ -24,10 +24,10 @@ from pydantic_ai import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from agents.demo import register_seeder
 from checkpoints.models import Thread
 from integrations.pydantic_ai.agent import QuicksaveAgent
 from integrations.pydantic_ai.runner import register_agent
+from quicksave_agents.demo import register_seeder
 
 DEMO = "pydantic-ai-travel"
 CONVERSATION = "demo-pydantic-ai-lisbon"

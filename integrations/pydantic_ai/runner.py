@@ -28,15 +28,15 @@ from typing import Any, TypeVar
 from asgiref.sync import async_to_sync
 from pydantic_ai.agent import AbstractAgent
 
-from agents import runtime
-from agents.fencing import Fence, LeaseLost
-from agents.models import Run, RunReason
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.services import ThreadCancelled
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from checkpoints.storage import StaleParent
 from integrations.pydantic_ai import deferred, threads
 from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
+from quicksave_agents import runtime
+from quicksave_agents.fencing import Fence, LeaseLost
+from quicksave_agents.models import Run, RunReason
 
 AgentFactory = Callable[[], AbstractAgent[Any, Any]]
 E = TypeVar("E", bound=BaseException)

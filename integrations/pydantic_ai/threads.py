@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from agents.fencing import Fence
-from agents.keys import get_or_create_agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
+from quicksave_agents.fencing import Fence
+from quicksave_agents.keys import get_or_create_agent
 
 FRAMEWORK = "pydantic-ai"
 # The state's keys besides `messages`: what a run ended with.

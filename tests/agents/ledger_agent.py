@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 
-from agents.runtime import Agent, Context, Continue, Done, StepResult, register
+from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, register
 
 LEDGER_TABLE = "test_exactly_once_ledger"
 LEDGER_DDL = f"""

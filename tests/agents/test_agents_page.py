@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.keys import create_agent_key, find_agent_key, issue_key
-from agents.models import Agent, AgentKey
 from audit.models import AuditEntry
 from checkpoints import storage
+from quicksave_agents.keys import create_agent_key, find_agent_key, issue_key
+from quicksave_agents.models import Agent, AgentKey
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db

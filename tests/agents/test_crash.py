@@ -24,10 +24,10 @@ from django.conf import settings
 from django.db import connection
 from psycopg.conninfo import make_conninfo
 
-from agents.demo import FILES, CodeReviewAgent
-from agents.models import Run, RunStatus
-from agents.runtime import start_thread
 from checkpoints.models import Checkpoint, Event, Thread, ThreadStatus
+from quicksave_agents.demo import FILES, CodeReviewAgent
+from quicksave_agents.models import Run, RunStatus
+from quicksave_agents.runtime import start_thread
 from tests.processes import database_url
 from tests.waiting import wait_until
 

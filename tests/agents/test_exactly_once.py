@@ -26,12 +26,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.db import connection
 
-from agents.models import Run, RunStatus, ToolCall, ToolCallState
-from agents.runtime import start_thread
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from approvals.services import resolve_in_doubt
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from quicksave.roles import grant_role
+from quicksave_agents.models import Run, RunStatus, ToolCall, ToolCallState
+from quicksave_agents.runtime import start_thread
 from tests.agents.ledger_agent import LEDGER_DDL, LEDGER_TABLE, LedgerAgent
 from tests.processes import Workers, database_url, process_state
 from tests.waiting import wait_until

@@ -14,9 +14,9 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from rest_framework.test import APIClient
 
-from agents.keys import revoke_agent_key
-from agents.models import Agent, AgentKey
 from audit.models import AuditEntry
+from quicksave_agents.keys import revoke_agent_key
+from quicksave_agents.models import Agent, AgentKey
 
 
 def create_key(*args: str) -> tuple[str, str, str]:
@@ -201,7 +201,7 @@ def test_a_key_in_use_shows_when_it_was_last_used_to_the_minute(db: Any, setting
 
     from django.test.utils import CaptureQueriesContext
 
-    from agents.keys import find_agent_key, issue_key
+    from quicksave_agents.keys import find_agent_key, issue_key
 
     settings.QUICKSAVE_KEY_CACHE_SECONDS = 0  # every call looks the key up
     key, raw = issue_key(agent_name="travel")

@@ -19,13 +19,13 @@ from django.db import connection, connections
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents.demo import CodeReviewAgent
-from agents.keys import get_or_create_agent
-from agents.models import Agent, Run, RunReason, RunStatus
-from agents.runs import CHANNEL, LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
-from agents.runtime import start_thread
 from checkpoints import storage
 from checkpoints.models import Thread
+from quicksave_agents.demo import CodeReviewAgent
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Agent, Run, RunReason, RunStatus
+from quicksave_agents.runs import CHANNEL, LeaseLost, claim_run, enqueue_run, finish_run, heartbeat
+from quicksave_agents.runtime import start_thread
 from tests.processes import Workers
 from tests.waiting import wait_until
 
@@ -184,7 +184,7 @@ def the_long_poll_waits() -> bool:
         return bool(cursor.fetchone()[0])
 
 
-IDLE = "idle, waiting up to"  # what agents.worker logs (at DEBUG) each time it finds no run and waits
+IDLE = "idle, waiting up to"  # what quicksave_agents.worker logs (at DEBUG) each time it finds no run and waits
 
 
 @contextmanager

@@ -8,16 +8,16 @@ from typing import Any, ClassVar
 import pytest
 from django.contrib.auth.models import User
 
-from agents import runtime
-from agents.demo import CodeReviewAgent, MigrationAgent, TravelAgent
-from agents.models import Run, RunStatus
-from agents.runtime import Agent, Context, Continue, Done, StepResult, start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from quicksave.roles import grant_role
+from quicksave_agents import runtime
+from quicksave_agents.demo import CodeReviewAgent, MigrationAgent, TravelAgent
+from quicksave_agents.models import Run, RunStatus
+from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, start_thread
+from quicksave_agents.worker import Worker
 
 
 @pytest.fixture
@@ -150,8 +150,8 @@ class _NotesV2(Agent):
 
 
 def test_a_state_written_by_v1_is_upcast_for_a_v2_agent(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from agents.models import RunReason
-    from agents.runs import enqueue_run
+    from quicksave_agents.models import RunReason
+    from quicksave_agents.runs import enqueue_run
 
     monkeypatch.setitem(runtime._registry, "notes-test", _NotesV1)
     thread = start_thread(agent_class=_NotesV1, external_id="notes")

@@ -16,20 +16,20 @@ from django.db import connection
 from django.test import Client
 from rest_framework.test import APIClient
 
-from agents import tool_calls
-from agents.fencing import Fence, LeaseLost
-from agents.keys import get_or_create_agent
-from agents.models import Agent as AgentRecord
-from agents.models import Run, RunStatus, ToolCall, ToolCallState
-from agents.runs import CHANNEL, RunNotifications, claim_run
-from agents.runtime import Agent, Context, Continue, Done, StepResult, register, start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from approvals.services import decide, request_approval
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from checkpoints.storage import crypto
 from checkpoints.storage.errors import InvalidState
+from quicksave_agents import tool_calls
+from quicksave_agents.fencing import Fence, LeaseLost
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Agent as AgentRecord
+from quicksave_agents.models import Run, RunStatus, ToolCall, ToolCallState
+from quicksave_agents.runs import CHANNEL, RunNotifications, claim_run
+from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, register, start_thread
+from quicksave_agents.worker import Worker
 from tests.conftest import person, signed_in
 from tests.processes import database_url
 

@@ -14,10 +14,10 @@ from django.test import Client
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import storage
 from checkpoints.models import Event, Thread, ThreadStatus
+from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 from tests.conftest import person
 
 

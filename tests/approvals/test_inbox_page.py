@@ -11,10 +11,10 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from agents.models import Agent
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
 from checkpoints import storage
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db

@@ -9,13 +9,13 @@ from django.contrib.auth.models import User
 from django.db import DatabaseError, connection, transaction
 from django.test import Client, override_settings
 
-from agents.models import Agent
 from approvals.services import decide, request_approval
 from audit import trail
 from audit.models import AuditEntry
 from checkpoints import forks, storage
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 

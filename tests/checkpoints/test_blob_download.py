@@ -11,9 +11,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Blob
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 pytestmark = pytest.mark.django_db

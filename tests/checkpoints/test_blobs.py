@@ -19,11 +19,11 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Blob, Checkpoint, Thread
 from checkpoints.storage import blobs, crypto, garbage
 from checkpoints.storage.errors import IntegrityFailure
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 from tests.processes import free_port
 from tests.waiting import wait_until

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from django.db import transaction
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Branch
 from checkpoints.storage import branches
 from checkpoints.storage.lru import LRU
+from quicksave_agents.models import Agent
 
 
 class RolledBack(Exception):

@@ -23,10 +23,10 @@ from hypothesis import given
 from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from checkpoints.storage import codec, crypto
+from quicksave_agents.models import Agent
 
 
 def test_an_integer_beyond_64_bits_parses_exactly() -> None:

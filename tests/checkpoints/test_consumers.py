@@ -11,11 +11,11 @@ from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 
-from agents.auth import AgentPrincipal
-from agents.keys import create_agent_key, find_agent_key, get_or_create_agent
 from checkpoints import live, storage
 from checkpoints.models import Checkpoint
 from quicksave.roles import grant_role
+from quicksave_agents.auth import AgentPrincipal
+from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_create_agent
 from tests.conftest import handshake
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
@@ -38,10 +38,10 @@ def application() -> Any:
     from channels.auth import AuthMiddlewareStack
     from channels.routing import URLRouter
 
-    from agents.ws_auth import AgentKeyAuthMiddleware
     from approvals.routing import websocket_urlpatterns as inbox_routes
     from checkpoints.routing import fallback_routes
     from checkpoints.routing import websocket_urlpatterns as thread_routes
+    from quicksave_agents.ws_auth import AgentKeyAuthMiddleware
 
     return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
 

@@ -11,9 +11,9 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.test import Client
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 # Every round trip with nothing cached: session, user, two permission reads, the target, the base,

@@ -15,7 +15,6 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.test import override_settings
 
-from agents.models import Agent
 from approvals import services as approvals
 from approvals.models import ApprovalRequest
 from checkpoints import storage
@@ -25,6 +24,7 @@ from checkpoints.storage.crypto import DecryptionFailure
 from checkpoints.storage.tool_results import get_tool_result, put_tool_result
 from quicksave.env import ConfigError, envsecret
 from quicksave.keyring import new_master_key_entry, parse_keyring
+from quicksave_agents.models import Agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

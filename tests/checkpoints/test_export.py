@@ -17,11 +17,11 @@ from django.http import StreamingHttpResponse
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from agents.models import Agent
 from checkpoints import export, forks, storage
 from checkpoints.export import InvalidTrajectory, import_thread
 from checkpoints.models import Branch, Checkpoint, Event, Thread, ThreadStatus
 from checkpoints.storage.verify import verify_thread
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.models import Run, RunReason
 from approvals.services import request_approval
 from audit import trail
 from audit.models import AuditEntry
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, Thread, ThreadKey, ThreadStatus
+from quicksave_agents.models import Run, RunReason
 from tests.conftest import person, signed_in
 
 STATE = {"settings": {}, "migrated": ["users", "orders"], "log": ["users: 1200 rows"]}
@@ -188,9 +188,9 @@ def test_cancel_and_resume_pages_confirm_with_a_reason(
 
 
 def test_the_thread_page_offers_resume_and_cancel_to_admins_only(db: Any) -> None:
-    from agents.demo import MigrationAgent
-    from agents.runtime import start_thread
-    from agents.worker import Worker
+    from quicksave_agents.demo import MigrationAgent
+    from quicksave_agents.runtime import start_thread
+    from quicksave_agents.worker import Worker
 
     thread = start_thread(agent_class=MigrationAgent, external_id="offer-actions")
     worker = Worker(name="pages")

@@ -17,10 +17,6 @@ import pytest
 from django.contrib.auth.models import User
 from rest_framework.test import APIClient
 
-from agents.demo import MigrationAgent, TravelAgent
-from agents.models import Run, RunReason, RunStatus
-from agents.runtime import start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from audit import trail
@@ -28,6 +24,10 @@ from audit.models import AuditEntry
 from checkpoints import forks, storage
 from checkpoints.models import Branch, Checkpoint, CheckpointSource, Event, Thread, ThreadStatus
 from checkpoints.storage.errors import InvalidPatch, StaleParent
+from quicksave_agents.demo import MigrationAgent, TravelAgent
+from quicksave_agents.models import Run, RunReason, RunStatus
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker
 from tests.conftest import person
 from tests.processes import ROOT, database_url
 from tests.waiting import wait_until
@@ -352,8 +352,8 @@ def test_only_a_decided_approval_of_the_same_thread_can_be_carried_over(
 def test_a_fork_supersedes_the_old_branch_s_pending_approval_and_queued_runs(
     ada: User, thread: Thread, steps: list[Checkpoint]
 ) -> None:
-    from agents.runs import enqueue_run
     from approvals.services import request_approval
+    from quicksave_agents.runs import enqueue_run
 
     asked = request_approval(thread=thread, checkpoint=steps[-1], action="drop_table", args={"table": "orders"})
     queued = enqueue_run(thread=thread, checkpoint=steps[-1], reason=RunReason.MANUAL)
@@ -408,7 +408,7 @@ def test_cancel_cancels_pending_approvals_and_queued_runs(admin_client: APIClien
     thread = start_thread(agent_class=TravelAgent, external_id="trip-cancel", destination="LIS")
     drain()
     asked = ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
-    from agents.runs import enqueue_run
+    from quicksave_agents.runs import enqueue_run
 
     queued = enqueue_run(thread=thread, checkpoint=asked.checkpoint, reason=RunReason.MANUAL)
 
@@ -567,7 +567,7 @@ WRITES_EACH = 80
 @pytest.mark.django_db(transaction=True)
 def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent() -> None:
     ada = person("ada", "admin")
-    from agents.keys import get_or_create_agent
+    from quicksave_agents.keys import get_or_create_agent
 
     thread = storage.create_thread(agent=get_or_create_agent(name="migration"), external_id="race")[0]
     storage.append_checkpoint(thread=thread, parent=None, state={"log": []}, label="start")

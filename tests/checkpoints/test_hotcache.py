@@ -7,10 +7,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import crypto, hotcache
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 from tests.processes import RedisServer
 from tests.waiting import wait_until

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
 
-from agents.models import Agent
 from checkpoints.storage import lent_connection
+from quicksave_agents.models import Agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -26,11 +26,11 @@ import websockets
 from django.conf import settings
 from django.test import Client
 
-from agents.demo import CodeReviewAgent
-from agents.keys import create_agent_key, get_or_create_agent
-from agents.runtime import start_thread
 from checkpoints import storage
 from checkpoints.models import Thread
+from quicksave_agents.demo import CodeReviewAgent
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
+from quicksave_agents.runtime import start_thread
 from tests.conftest import person
 from tests.processes import ROOT, RedisServer, database_url, free_port, start_server, stop
 

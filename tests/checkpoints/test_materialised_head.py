@@ -7,11 +7,11 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, MaterialisedHead, Thread
 from checkpoints.storage import codec, payloads, reads
 from checkpoints.storage.errors import IntegrityFailure
+from quicksave_agents.models import Agent
 from tests.checkpoints.test_store import grow
 from tests.conftest import message
 

@@ -15,8 +15,6 @@ from django.core.management.base import CommandError
 from django.db import connection
 from django.utils import timezone
 
-from agents.keys import get_or_create_agent
-from agents.models import Agent, Run, RunReason, RunStatus
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
 from audit.models import AuditEntry
@@ -26,6 +24,8 @@ from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey,
 from checkpoints.storage import nodes
 from checkpoints.storage.tool_results import put_tool_result
 from checkpoints.storage.verify import verify_thread
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 from tests.checkpoints.test_hotcache import a_fresh_process
 from tests.processes import RedisServer
 

@@ -15,11 +15,11 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
-from agents.auth import AgentPrincipal
-from agents.keys import create_agent_key, find_agent_key, get_or_create_agent, revoke_agent_key
-from agents.models import AgentKey
 from checkpoints import live, storage
 from checkpoints.models import Thread
+from quicksave_agents.auth import AgentPrincipal
+from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_create_agent, revoke_agent_key
+from quicksave_agents.models import AgentKey
 from tests.conftest import handshake, person, signed_in
 from tests.processes import RedisServer
 
@@ -34,10 +34,10 @@ def application() -> Any:
     from channels.auth import AuthMiddlewareStack
     from channels.routing import URLRouter
 
-    from agents.ws_auth import AgentKeyAuthMiddleware
     from approvals.routing import websocket_urlpatterns as inbox_routes
     from checkpoints.routing import fallback_routes
     from checkpoints.routing import websocket_urlpatterns as thread_routes
+    from quicksave_agents.ws_auth import AgentKeyAuthMiddleware
 
     return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
 

@@ -13,7 +13,6 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Event, PayloadKind, Thread, ThreadStatus
 from checkpoints.storage.errors import (
@@ -25,6 +24,7 @@ from checkpoints.storage.errors import (
     StateTooLarge,
 )
 from checkpoints.storage.jsonpatch import canonical_size
+from quicksave_agents.models import Agent
 from tests.conftest import message
 
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from agents.keys import get_or_create_agent
 from checkpoints import storage
+from quicksave_agents.keys import get_or_create_agent
 from tests.conftest import person, signed_in
 
 

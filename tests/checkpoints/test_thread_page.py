@@ -13,10 +13,10 @@ from django.template.defaultfilters import filesizeformat
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.presentation import timeline
+from quicksave_agents.models import Agent
 from tests.conftest import person
 
 # Measured at 12 (session, user, two permission reads, thread, role for the header, branches,

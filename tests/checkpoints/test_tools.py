@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import ToolResult
 from checkpoints.storage.errors import InvalidState, NotFound
 from checkpoints.storage.tool_results import add_tool_results, get_tool_result, put_tool_result, put_tool_results
+from quicksave_agents.models import Agent
 
 pytestmark = pytest.mark.django_db
 

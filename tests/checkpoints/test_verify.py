@@ -11,11 +11,11 @@ from django.db import connection
 from django.urls import reverse
 from rest_framework.test import APIClient
 
-from agents.models import Agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadKey
 from checkpoints.storage import codec, crypto
 from checkpoints.storage.errors import IntegrityFailure
+from quicksave_agents.models import Agent
 from tests.conftest import person, signed_in
 
 

@@ -33,7 +33,8 @@ def server_url(django_db_setup: Any) -> Iterator[str]:
 
     port = free_port()
     process = start_server(
-        port, {"QUICKSAVE_EMBEDDED_WORKER": "true", "QUICKSAVE_AGENT_MODULES": "agents.demo,integrations.adk.demo"}
+        port,
+        {"QUICKSAVE_EMBEDDED_WORKER": "true", "QUICKSAVE_AGENT_MODULES": "quicksave_agents.demo,integrations.adk.demo"},
     )
     try:
         yield f"http://127.0.0.1:{port}"

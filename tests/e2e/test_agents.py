@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.models import AgentKey
+from quicksave_agents.models import AgentKey
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
-from agents.keys import get_or_create_agent
 from approvals.services import decide, request_approval
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
+from quicksave_agents.keys import get_or_create_agent
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

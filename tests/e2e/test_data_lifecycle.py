@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from agents.keys import get_or_create_agent
 from checkpoints import storage
 from checkpoints.models import Thread, ThreadKey
+from quicksave_agents.keys import get_or_create_agent
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from agents import tool_calls
-from agents.demo import FILES, CodeReviewAgent
-from agents.models import ToolCallState
-from agents.runtime import start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalKind, ApprovalRequest
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from quicksave_agents import tool_calls
+from quicksave_agents.demo import FILES, CodeReviewAgent
+from quicksave_agents.models import ToolCallState
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from agents.demo import TravelAgent
-from agents.runtime import start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import storage
+from quicksave_agents.demo import TravelAgent
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -13,12 +13,12 @@ import httpx
 import pytest
 from django.contrib.auth.models import User
 
-from agents.demo import TravelAgent
-from agents.keys import create_agent_key, get_or_create_agent
-from agents.runtime import start_thread
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
+from quicksave_agents.demo import TravelAgent
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker
 from tests.e2e.conftest import Pages, make_person
 from tests.processes import RedisServer, free_port, start_server, stop
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from agents.demo import MigrationAgent
-from agents.models import Run, RunReason
-from agents.runtime import start_thread
-from agents.worker import Worker
 from audit.models import AuditEntry
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from quicksave_agents.demo import MigrationAgent
+from quicksave_agents.models import Run, RunReason
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -8,9 +8,9 @@ from typing import Any
 import httpx
 import pytest
 
-from agents.keys import create_agent_key, get_or_create_agent
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

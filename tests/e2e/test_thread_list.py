@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from agents.keys import get_or_create_agent
 from checkpoints import storage
+from quicksave_agents.keys import get_or_create_agent
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -9,16 +9,16 @@ from typing import Any
 import pytest
 from django.db import connections
 
-from agents.models import Run, RunStatus
 from checkpoints.models import Thread
+from quicksave_agents.models import Run, RunStatus
 from tests.waiting import wait_until
 
 
 class WorkerThread:
-    """`agents.worker.Worker.run_forever` in a daemon thread, woken by NOTIFY like in production."""
+    """`quicksave_agents.worker.Worker.run_forever` in a daemon thread, woken by NOTIFY like in production."""
 
     def __init__(self, agent_names: list[str]) -> None:
-        from agents.worker import Worker
+        from quicksave_agents.worker import Worker
 
         self.worker = Worker(agent_names=agent_names, poll_seconds=0.5, name="test-worker")
         self.thread = threading.Thread(target=self._serve, name="test-worker", daemon=True)

@@ -16,13 +16,13 @@ from django.contrib.auth.models import User
 from google.adk.runners import Runner
 from google.genai import types
 
-from agents.models import Run, RunStatus
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from integrations.adk import demo
 from integrations.adk.sessions import QuicksaveSessionService, find_thread
+from quicksave_agents.models import Run, RunStatus
+from quicksave_agents.worker import Worker
 from tests.conftest import person
 from tests.integrations import adk_agents
 
@@ -134,8 +134,8 @@ def test_a_decision_whose_confirmation_was_answered_already_fails_closed(rita: U
     decide(approval=approval, user=rita, decision="approve")
     drive(demo.APP)
     # The same decision delivered again (a replayed run): the session answered it already.
-    from agents.models import RunReason
-    from agents.runs import enqueue_run
+    from quicksave_agents.models import RunReason
+    from quicksave_agents.runs import enqueue_run
 
     enqueue_run(thread=thread, checkpoint=approval.checkpoint, reason=RunReason.APPROVAL, approval=approval)
     runs = drive(demo.APP)

@@ -197,9 +197,9 @@ async def test_a_dashboard_fork_is_where_the_session_goes_on_with_the_edited_sta
 async def test_a_worker_attempt_that_lost_its_run_writes_nothing(app: str) -> None:
     from django.utils import timezone
 
-    from agents.fencing import Fence, LeaseLost
-    from agents.models import Agent, Run, RunReason
-    from agents.runs import claim_run, enqueue_run
+    from quicksave_agents.fencing import Fence, LeaseLost
+    from quicksave_agents.models import Agent, Run, RunReason
+    from quicksave_agents.runs import claim_run, enqueue_run
 
     service = QuicksaveSessionService()
     session = await service.create_session(app_name=app, user_id="ana")

@@ -16,9 +16,6 @@ from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.checkpoint.serde.types import INTERRUPT
 from langgraph.types import Command, Interrupt
 
-from agents.fencing import Fence, LeaseLost
-from agents.models import Run, RunReason, RunStatus
-from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import storage
@@ -26,6 +23,9 @@ from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.langgraph import saver as langgraph_saver
 from integrations.langgraph.interrupts import resume_for
 from integrations.langgraph.saver import QuicksaveSaver
+from quicksave_agents.fencing import Fence, LeaseLost
+from quicksave_agents.models import Run, RunReason, RunStatus
+from quicksave_agents.runs import claim_run
 from tests.conftest import person
 from tests.integrations import graphs
 from tests.integrations.conftest import WorkerThread

@@ -12,10 +12,10 @@ from django.contrib.auth.models import User
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.memory import InMemorySaver
 
-from agents.models import RunReason, RunStatus
 from checkpoints.forks import fork
 from checkpoints.models import Checkpoint, CheckpointSource, Thread
 from integrations.langgraph.saver import QuicksaveSaver
+from quicksave_agents.models import RunReason, RunStatus
 from tests.conftest import person
 from tests.integrations import graphs
 from tests.integrations.conftest import WorkerThread

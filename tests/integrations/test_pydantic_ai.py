@@ -16,14 +16,14 @@ from django.contrib.auth.models import User
 from django.db import connection
 from django.utils import timezone
 
-from agents import runtime
-from agents.models import Agent, Run, RunStatus, ToolCall
-from agents.runs import claim_run
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide, resolve_in_doubt
 from checkpoints import forks, storage
 from checkpoints.models import Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.pydantic_ai.agent import QuicksaveAgent
+from quicksave_agents import runtime
+from quicksave_agents.models import Agent, Run, RunStatus, ToolCall
+from quicksave_agents.runs import claim_run
 from tests.conftest import person, signed_in
 from tests.integrations import pydantic_agents
 from tests.integrations.conftest import WorkerThread

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from agents.worker import Worker
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import storage
 from checkpoints.models import Thread, ThreadStatus
 from integrations.pydantic_ai import demo
+from quicksave_agents.worker import Worker
 from tests.conftest import person
 
 pytestmark = pytest.mark.django_db(transaction=True)

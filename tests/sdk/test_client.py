@@ -28,15 +28,15 @@ from quicksave_sdk import (
     tool_key,
 )
 
-from agents.keys import create_agent_key, get_or_create_agent
-from agents.models import Run, RunStatus
-from agents.runs import RunReason, enqueue_run
 from approvals import services
 from approvals.models import ApprovalRequest
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import jsonpatch, tool_results
 from quicksave.roles import grant_role
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
+from quicksave_agents.models import Run, RunStatus
+from quicksave_agents.runs import RunReason, enqueue_run
 
 live = pytest.mark.django_db(transaction=True)
 

@@ -8,9 +8,9 @@ from typing import IO, Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.models import Agent
 from checkpoints.export import InvalidTrajectory, import_thread, raw_lines
 from quicksave.errors import DomainError
+from quicksave_agents.models import Agent
 
 
 class Command(BaseCommand):

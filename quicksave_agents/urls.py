@@ -1,6 +1,6 @@
 from django.urls import path
 
-from agents import api
+from quicksave_agents import api
 
 urlpatterns = [
     path("runs/claim/", api.ClaimView.as_view(), name="api-runs-claim"),

@@ -15,11 +15,6 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from agents import runs, tool_calls
-from agents.auth import AgentPrincipal
-from agents.fencing import Fence
-from agents.models import Agent, Run, RunStatus, ToolCall
-from agents.serializers import ToolCallSchemaSerializer, tool_call_data
 from approvals.serializers import ApprovalSchemaSerializer, approval_data
 from approvals.services import file_in_doubt
 from checkpoints.access import check_can_write, get_thread_for
@@ -27,6 +22,11 @@ from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH
 from quicksave.api import FenceField, FiniteFloatField, StrictSerializer
 from quicksave.errors import DomainError
+from quicksave_agents import runs, tool_calls
+from quicksave_agents.auth import AgentPrincipal
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import Agent, Run, RunStatus, ToolCall
+from quicksave_agents.serializers import ToolCallSchemaSerializer, tool_call_data
 
 MAX_WAIT_SECONDS = 30
 

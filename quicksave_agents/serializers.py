@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from agents.models import ToolCall, ToolCallState
+from quicksave_agents.models import ToolCall, ToolCallState
 
 
 def tool_call_data(call: ToolCall) -> dict[str, Any]:

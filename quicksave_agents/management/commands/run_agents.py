@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.worker import Worker
+from quicksave_agents.worker import Worker
 
 
 class Command(BaseCommand):

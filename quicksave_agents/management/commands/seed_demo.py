@@ -6,11 +6,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from agents import tool_calls
-from agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent, seeders
-from agents.runtime import start_thread
-from agents.worker import Worker, load_agent_modules
 from checkpoints.models import Checkpoint, Thread
+from quicksave_agents import tool_calls
+from quicksave_agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent, seeders
+from quicksave_agents.runtime import start_thread
+from quicksave_agents.worker import Worker, load_agent_modules
 
 
 class Command(BaseCommand):

@@ -20,9 +20,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
-from agents.models import Agent, AgentKey
 from audit import trail
 from checkpoints import live
+from quicksave_agents.models import Agent, AgentKey
 
 KEY_PREFIX = "qs_"
 # How fresh a key's `last_used_at` is kept (the agents page shows it).

@@ -14,11 +14,11 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_safe
 
-from agents.keys import LABEL_MAX_CHARS, agent_name_problem, issue_key, label_problem, revoke_agent_key
-from agents.models import Agent, AgentKey
 from audit.trail import client_address
 from checkpoints.models import Thread
 from checkpoints.views import permission_required
+from quicksave_agents.keys import LABEL_MAX_CHARS, agent_name_problem, issue_key, label_problem, revoke_agent_key
+from quicksave_agents.models import Agent, AgentKey
 
 key_manager_required = permission_required(
     "agents.add_agentkey", "Managing agents and their keys needs the admin role."

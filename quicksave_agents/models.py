@@ -142,8 +142,8 @@ class ToolCall(models.Model):
     """One side-effecting call an agent makes: its intent, written before the call runs, and its result.
 
     `key` is the call's idempotency key, the same every time a step is replayed from the same
-    checkpoint (agents.tool_calls.call_key), and handed to the tool. Written only through
-    agents.tool_calls; every write of a run's attempt is fenced (agents.fencing).
+    checkpoint (quicksave_agents.tool_calls.call_key), and handed to the tool. Written only through
+    quicksave_agents.tool_calls; every write of a run's attempt is fenced (quicksave_agents.fencing).
     """
 
     thread = models.ForeignKey(

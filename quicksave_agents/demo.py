@@ -20,7 +20,7 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from agents.runtime import Agent, Context, Continue, Done, Fail, StepResult, register
+from quicksave_agents.runtime import Agent, Context, Continue, Done, Fail, StepResult, register
 
 FILES = [
     f"src/{name}.py" for name in ("api", "auth", "billing", "cache", "cli", "db", "jobs", "models", "search", "views")

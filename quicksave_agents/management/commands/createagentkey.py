@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.keys import issue_key
 from audit.trail import cli_actor_name
+from quicksave_agents.keys import issue_key
 
 
 class Command(BaseCommand):

@@ -8,10 +8,10 @@ from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
 
-from agents.keys import KEY_PREFIX, find_agent_key
-from agents.models import Agent, AgentKey
 from audit.trail import client_address
 from quicksave import throttle
+from quicksave_agents.keys import KEY_PREFIX, find_agent_key
+from quicksave_agents.models import Agent, AgentKey
 
 
 class AgentPrincipal:

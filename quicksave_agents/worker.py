@@ -6,7 +6,7 @@ approvals as it goes. Killing it at any moment loses nothing acknowledged: its r
 lease runs out and another worker (or this one, restarted) claims the run again.
 A worker that wakes after losing its lease (frozen, partitioned) stops the run where it
 is: the runtime asks `_Heartbeat.held` before each step and tool call, and the database
-refuses the attempt's writes anyway (agents.fencing). Nothing a run does ends the worker.
+refuses the attempt's writes anyway (quicksave_agents.fencing). Nothing a run does ends the worker.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import psycopg
 from django.conf import settings
 from django.db import close_old_connections, connections
 
-from agents import runtime
-from agents.models import Agent, Run, RunStatus
-from agents.runs import LeaseLost, RunFinished, RunNotifications, claim_run, fence_of, finish_run, heartbeat
 from approvals.services import expire_due
+from quicksave_agents import runtime
+from quicksave_agents.models import Agent, Run, RunStatus
+from quicksave_agents.runs import LeaseLost, RunFinished, RunNotifications, claim_run, fence_of, finish_run, heartbeat
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ step) and finds, for each, the state a crash left:
   may have died before the effect or after it. An idempotent tool runs again with the same key;
   any other is not run, and a person decides (approvals.services.file_in_doubt).
 
-Each write of a run's attempt is fenced (agents.fencing): an attempt that lost its lease cannot
+Each write of a run's attempt is fenced (quicksave_agents.fencing): an attempt that lost its lease cannot
 record an intent, so it never starts a call after another attempt took over.
 """
 
@@ -33,14 +33,14 @@ from uuid import UUID
 from django.db import connection
 from django.utils import timezone
 
-from agents import fencing
-from agents.fencing import Fence
-from agents.models import ToolCall, ToolCallState
 from checkpoints.fields import associated_data
 from checkpoints.storage import codec, crypto
 from checkpoints.storage.errors import InvalidState
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, tool_key, valid_key
 from quicksave.errors import DomainError
+from quicksave_agents import fencing
+from quicksave_agents.fencing import Fence
+from quicksave_agents.models import ToolCall, ToolCallState
 
 
 class ToolCallMismatch(DomainError):

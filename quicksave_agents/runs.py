@@ -19,11 +19,11 @@ from django.db import connection, transaction
 from django.utils import timezone
 from psycopg.conninfo import make_conninfo
 
-from agents.fencing import Fence, LeaseLost
-from agents.models import Agent, Run, RunReason, RunStatus
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import record_event
 from quicksave.errors import DomainError
+from quicksave_agents.fencing import Fence, LeaseLost
+from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 
 CHANNEL = "quicksave_runs"
 

@@ -4,7 +4,7 @@ An agent is a state machine. `step(ctx)` reads and changes `ctx.state` and retur
 what happened (`Continue`, `Done`, `Fail`); the runtime commits a checkpoint after
 every step before it starts the next, so a crash loses at most the step in flight.
 Side effects go through `ctx.tool(...)`, which logs an intent before the call and its
-result after (agents.tool_calls): a step replayed after a crash gets the recorded result
+result after (quicksave_agents.tool_calls): a step replayed after a crash gets the recorded result
 instead of repeating the call, and a call that may have run without a recorded result
 goes to a person instead of running again (unless the tool is idempotent).
 
@@ -13,7 +13,7 @@ the run. When a person decides, a run resumes the agent from that checkpoint; th
 step runs again, and this time the same call returns the decision — only if it is the
 very call the decision was made on.
 
-Every write a run makes carries its fence (agents.fencing), and the runtime checks the
+Every write a run makes carries its fence (quicksave_agents.fencing), and the runtime checks the
 lease before each step and each tool call: an attempt that lost its run stops.
 """
 
@@ -28,16 +28,16 @@ from uuid import UUID
 
 from django.db import transaction
 
-from agents import tool_calls
-from agents.fencing import Fence, LeaseLost
-from agents.keys import get_or_create_agent
-from agents.models import Run, RunReason, ToolCall
-from agents.runs import enqueue_run
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from checkpoints.storage.errors import StaleParent
 from checkpoints.storage.tool_results import tool_key
+from quicksave_agents import tool_calls
+from quicksave_agents.fencing import Fence, LeaseLost
+from quicksave_agents.keys import get_or_create_agent
+from quicksave_agents.models import Run, RunReason, ToolCall
+from quicksave_agents.runs import enqueue_run
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,7 @@ class Context:
     _calls: int = field(default=0, repr=False)
 
     def tool(self, name: str, args: Any, fn: Callable[..., Any], *, idempotent: bool = False) -> Any:
-        """Call `fn(args)` at most once for this step (see agents.tool_calls); a replay gets the first result.
+        """Call `fn(args)` at most once for this step (see quicksave_agents.tool_calls); a replay gets the first result.
 
         The intent is committed before `fn` runs and the result after. When `fn` takes an
         `idempotency_key` argument it gets the call's key, the same on every replay: pass it to an

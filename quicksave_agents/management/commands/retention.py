@@ -7,9 +7,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from agents.models import Agent
 from audit.trail import cli_actor_name
 from checkpoints import retention
+from quicksave_agents.models import Agent
 
 # Each option, the setting it changes, and the word that clears the setting.
 OPTIONS = {

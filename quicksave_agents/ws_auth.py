@@ -6,8 +6,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from agents.auth import AgentPrincipal
-from agents.keys import KEY_PREFIX, find_agent_key
+from quicksave_agents.auth import AgentPrincipal
+from quicksave_agents.keys import KEY_PREFIX, find_agent_key
 
 
 class AgentKeyAuthMiddleware:

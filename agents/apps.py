@@ -1,6 +1,0 @@
-from django.apps import AppConfig
-
-
-class AgentsConfig(AppConfig):
-    name = "agents"
-    verbose_name = "Agents"

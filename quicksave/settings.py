@@ -50,6 +50,7 @@ INSTALLED_APPS = [
     "integrations.langgraph.apps.LangGraphConfig",
     "integrations.pydantic_ai.apps.PydanticAIConfig",
     "integrations.adk.apps.AdkConfig",
+    "integrations.openai_agents.apps.OpenAIAgentsConfig",
 ]
 
 MIDDLEWARE = [
@@ -270,7 +271,9 @@ QUICKSAVE_AGENT_MODULES = envlist(
     "QUICKSAVE_AGENT_MODULES",
     ["quicksave_agents.demo"]
     + (["integrations.pydantic_ai.demo"] if _installed("pydantic_ai") else [])
-    + (["integrations.adk.demo"] if _installed("google.adk") else []),
+    + (["integrations.adk.demo"] if _installed("google.adk") else [])
+    # `agents` is the OpenAI Agents SDK's package.
+    + (["integrations.openai_agents.demo"] if _installed("agents") else []),
 )
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)

@@ -1,0 +1,202 @@
+"""The OpenAI Agents SDK half of bench/frameworks.py: QuicksaveSession against the SDK's own
+SQLAlchemySession on the same PostgreSQL.
+
+Usage (from the repository root)::
+
+    .venv/bin/python bench/frameworks_openai.py            # 1,000 turns
+    .venv/bin/python bench/frameworks_openai.py --turns 300
+
+The same `Runner.run` and `Agent`, on the SDK's scripted model (`agents.testing.ScriptedModel`,
+no network, tracing off), play `--turns` turns on each session: a short user message answered by
+one 1,000-character English message (bench.peers.english_text). Each turn the SDK reads the 20
+latest items (`SessionSettings(limit=20)`, the same for both) and adds the user message and the
+answer (two `add_items`). Both sessions live in one database of one PostgreSQL server,
+`quicksave_bench_frameworks` (the one bench/frameworks.py's other half uses), with the peer on
+`postgresql+asyncpg` as the SDK documents.
+
+Measures: turns per second (wall clock over all turns); bytes per turn (`pg_total_relation_size`,
+heap + TOAST + indexes, of each side's tables after the run: Quicksave's bench.quicksave_runs.TABLES,
+truncated before; the SDK's agent_sessions and agent_messages, dropped before); and the median
+latest-items read, `get_items(limit=10)` at the end, the two sessions' calls taking turns so that
+load from elsewhere on the machine falls on both alike. `run_openai(turns)` returns the
+`openai_*` keys of the issue; the very last line printed here is that JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from bench.peers import english_text, relation_bytes, server_url
+from bench.quicksave_runs import TABLES
+
+DB_NAME = "quicksave_bench_frameworks"
+WINDOW = 20
+RECENT = 10
+READ_REPEATS = 41
+PEER_TABLES = ("agent_messages", "agent_sessions")
+
+
+def conninfo() -> str:
+    return make_conninfo(server_url(), dbname=DB_NAME)
+
+
+def setup_django() -> None:
+    """Create the benchmark's database if needed, point Django at it and migrate Quicksave's schema."""
+    import django
+    from django.core.management import call_command
+
+    maintenance = conninfo_to_dict(server_url()).get("dbname") or "postgres"
+    with psycopg.connect(make_conninfo(server_url(), dbname=maintenance), autocommit=True) as conn:
+        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone() is None:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
+    parts = urlsplit(server_url())
+    os.environ["DATABASE_URL"] = urlunsplit((parts.scheme, parts.netloc, f"/{DB_NAME}", parts.query, ""))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "quicksave.settings")
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def settle() -> None:
+    """Flush dirty pages before a run, so neither session pays for the other's writes."""
+    with psycopg.connect(conninfo(), autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+
+
+def table_bytes(tables: Sequence[str]) -> int:
+    with psycopg.connect(conninfo(), autocommit=True) as conn:
+        return sum(relation_bytes(conn, tables).values())
+
+
+def scripted_agent(texts: Sequence[str]) -> Any:
+    """An Agent whose model answers "turn n" with texts[n]."""
+    from agents import Agent
+    from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_message
+
+    def respond(call: ModelCall) -> Any:
+        last = call.input[-1] if isinstance(call.input, list) and call.input else {}
+        turn = int(str(last.get("content", "turn 0")).split()[-1])
+        return [assistant_message(texts[turn], item_id=f"msg-{turn}")]
+
+    model = ScriptedModel([ModelStep.respond(respond) for _ in texts])
+    return Agent(name="bench", instructions="Answer.", model=model)
+
+
+async def play(session: Any, texts: Sequence[str]) -> float:
+    """Play one turn per text through `Runner.run` on `session`; returns the seconds taken."""
+    from agents import RunConfig, Runner
+
+    agent, config = scripted_agent(texts), RunConfig(tracing_disabled=True)
+    started = time.perf_counter()
+    for turn in range(len(texts)):
+        await Runner.run(agent, f"turn {turn}", session=session, run_config=config)
+    return time.perf_counter() - started
+
+
+async def check(session: Any, turns: int) -> None:
+    """Both sessions hold the whole conversation, and the latest-items read is its end."""
+    everything = await session.get_items(limit=4 * turns)  # past the settings window of 20
+    assert len(everything) == 2 * turns, len(everything)
+    assert await session.get_items(limit=RECENT) == everything[-RECENT:]
+
+
+def peer_url() -> str:
+    parts = urlsplit(server_url())
+    return urlunsplit(("postgresql+asyncpg", parts.netloc, f"/{DB_NAME}", "", ""))
+
+
+def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
+    """Play `turns` turns on each session and read their ends; the `openai_*` figures (Django set up)."""
+    from agents.extensions.memory.sqlalchemy_session import SQLAlchemySession
+    from agents.memory import SessionSettings
+
+    from checkpoints import storage
+    from integrations.openai_agents.session import QuicksaveSession
+
+    rng = random.Random(seed)
+    texts = [english_text(rng) for _ in range(turns)]
+    settings = SessionSettings(limit=WINDOW)
+
+    with psycopg.connect(conninfo(), autocommit=True) as conn:
+        for table in PEER_TABLES:
+            conn.execute(f"DROP TABLE IF EXISTS {table} CASCADE")
+        conn.execute(f"TRUNCATE {', '.join(TABLES)}, checkpoints_toolresult, approvals_approvalrequest CASCADE")
+    storage.clear_caches()
+
+    async def go() -> dict[str, float]:
+        peer = SQLAlchemySession.from_url("bench-peer", url=peer_url(), create_tables=True, session_settings=settings)
+        await peer.get_items()  # creates its tables before the clock starts
+        settle()
+        peer_seconds = await play(peer, texts)
+        await check(peer, turns)
+        peer_bytes = table_bytes(PEER_TABLES)
+
+        settle()
+        quicksave = QuicksaveSession("bench-quicksave", agent="bench-openai", session_settings=settings)
+        seconds = await play(quicksave, texts)
+        await check(quicksave, turns)
+        quicksave_bytes = table_bytes(TABLES)
+
+        # A reader that did not write (a dashboard, another worker): a new session object each.
+        reader = QuicksaveSession("bench-quicksave", agent="bench-openai")
+        times: dict[str, list[float]] = {"quicksave": [], "peer": []}
+        for _ in range(READ_REPEATS):
+            for name, session in (("quicksave", reader), ("peer", peer)):
+                t0 = time.perf_counter()
+                await session.get_items(limit=RECENT)
+                times[name].append((time.perf_counter() - t0) * 1000)
+        await peer.engine.dispose()
+        return {
+            "openai_quicksave_tps": round(turns / seconds, 1),
+            "openai_sqlalchemy_tps": round(turns / peer_seconds, 1),
+            "openai_quicksave_bytes": round(quicksave_bytes / turns),
+            "openai_sqlalchemy_bytes": round(peer_bytes / turns),
+            "openai_read_ms": round(statistics.median(times["quicksave"]), 3),
+            "openai_peer_read_ms": round(statistics.median(times["peer"]), 3),
+        }
+
+    return asyncio.run(go())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1000)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    setup_django()
+    print(f"[server] {urlsplit(server_url()).netloc}; {args.turns} turns per session", flush=True)
+    result = run_openai(args.turns)
+    print(f"{'session':<20} {'turns/s':>9} {'bytes/turn':>11} {'latest-items read':>18}")
+    print(f"{'QuicksaveSession':<20} {result['openai_quicksave_tps']:>9.1f} {result['openai_quicksave_bytes']:>11} "
+          f"{result['openai_read_ms']:>16.2f}ms")  # fmt: skip
+    print(f"{'SQLAlchemySession':<20} {result['openai_sqlalchemy_tps']:>9.1f} {result['openai_sqlalchemy_bytes']:>11} "
+          f"{result['openai_peer_read_ms']:>16.2f}ms")  # fmt: skip
+    targets = {
+        "write rate >= SQLAlchemySession": result["openai_quicksave_tps"] >= result["openai_sqlalchemy_tps"],
+        "bytes/turn <= SQLAlchemySession": result["openai_quicksave_bytes"] <= result["openai_sqlalchemy_bytes"],
+        "latest-items read no slower": result["openai_read_ms"] <= result["openai_peer_read_ms"],
+    }
+    for name, met in targets.items():
+        print(f"[target] {name}: {'met' if met else 'MISSED'}")
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

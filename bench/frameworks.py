@@ -5,7 +5,10 @@ Usage (from the repository root)::
     .venv/bin/python bench/frameworks.py                # 1,000 turns
     .venv/bin/python bench/frameworks.py --turns 300 --long-events 0
 
-Google ADK (this half; the OpenAI Agents SDK half joins later): the same ADK `Runner` and
+Two frameworks, one after the other; the OpenAI Agents SDK half (QuicksaveSession against the
+SDK's SQLAlchemySession) is bench/frameworks_openai.py's `run_openai`, described there.
+
+Google ADK: the same ADK `Runner` and
 `LlmAgent` on a scripted model (integrations.adk.demo.ScriptedLlm, no network) play `--turns`
 turns, each a short user message answered by one 1,000-character English message
 (bench.peers.english_text), once on `QuicksaveSessionService` and once on ADK's
@@ -35,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import statistics
 import sys
@@ -312,7 +316,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     }  # fmt: skip
     if "long_read_ms" in quicksave.extra:
         summary[f"adk_read_ms_at_{args.long_events}_events"] = round(quicksave.extra["long_read_ms"], 3)
-    print(json.dumps(summary))
+
+    from bench.frameworks_openai import print_openai, run_openai
+
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    openai = run_openai(args.turns)
+    print_openai(openai)
+    print(json.dumps({**openai, **summary}))
     return 0
 
 

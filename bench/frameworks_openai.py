@@ -174,14 +174,8 @@ def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
     return asyncio.run(go())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=1000)
-    args = parser.parse_args(argv)
-    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
-    setup_django()
-    print(f"[server] {urlsplit(server_url()).netloc}; {args.turns} turns per session", flush=True)
-    result = run_openai(args.turns)
+def print_openai(result: dict[str, float]) -> None:
+    """The table and the target lines of one `run_openai` result."""
     print(f"{'session':<20} {'turns/s':>9} {'bytes/turn':>11} {'latest-items read':>18}")
     print(f"{'QuicksaveSession':<20} {result['openai_quicksave_tps']:>9.1f} {result['openai_quicksave_bytes']:>11} "
           f"{result['openai_read_ms']:>16.2f}ms")  # fmt: skip
@@ -194,6 +188,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     for name, met in targets.items():
         print(f"[target] {name}: {'met' if met else 'MISSED'}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--turns", type=int, default=1000)
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OPENAI_AGENTS_DISABLE_TRACING", "1")
+    setup_django()
+    print(f"[server] {urlsplit(server_url()).netloc}; {args.turns} turns per session", flush=True)
+    result = run_openai(args.turns)
+    print_openai(result)
     print(json.dumps(result))
     return 0
 

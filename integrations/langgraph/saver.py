@@ -72,7 +72,6 @@ from operator import eq
 from typing import Any, ParamSpec, TypeVar, cast
 from uuid import UUID
 
-import psycopg
 from channels.db import database_sync_to_async
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
@@ -379,13 +378,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         configurable = config["configurable"]
         thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
         lg_id = get_checkpoint_id(config)
-        params = {
+        params: dict[str, int | str | None] = {
             "agent": self._get_agent().pk, "external_id": external_id_for(thread_id, checkpoint_ns),
             "lg_id": lg_id, "write_tool": write_tool(""),
         }  # fmt: skip
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params, prepare=False)
+        with connection.cursor() as cursor:
+            cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params)
             found = cursor.fetchall()
         if not found:
             return None

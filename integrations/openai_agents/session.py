@@ -23,7 +23,6 @@ import uuid
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-import psycopg
 from agents.memory.session_settings import SessionSettings, resolve_session_limit
 from channels.db import database_sync_to_async
 from django.db import connection, transaction
@@ -228,9 +227,8 @@ class QuicksaveSession:
                 Branch.objects.filter(thread=thread, name=self.branch).values_list("pk", "fork_point_id").get()
             )
         # The branch's newest checkpoint and its counts: one prepared statement, as each turn asks.
-        connection.ensure_connection()
-        with psycopg.Cursor(connection.connection) as cursor:
-            cursor.execute(HEAD_SQL, {"thread": thread.pk, "branch": self._branch_id}, prepare=True)
+        with connection.cursor() as cursor:  # prepared by psycopg once it has run a few times
+            cursor.execute(HEAD_SQL, {"thread": thread.pk, "branch": self._branch_id})
             row = cursor.fetchone()
         if row is not None:
             self._head, self._paused = (row[0], row[1] or 0, row[2] or 0), row[3]

@@ -39,10 +39,39 @@ def test_a_weighted_cache_is_bounded_by_the_total_weight() -> None:
     assert [cache.find(key)[0] for key in ("a", "b", "c", "huge")] == [False, True, True, False]
 
 
-def test_request_threads_inserting_while_another_forgets_a_thread_neither_fail_nor_overflow() -> None:
+def test_an_insert_from_another_thread_waits_for_a_walk_of_the_cache_to_finish() -> None:
     # A thread's deletion walks the branch cache while request threads fill it: with a plain dict
-    # the walk raised "dictionary changed size during iteration" now and then.
-    writers, rounds = 4, 20_000
+    # an insert landing mid-walk raised "changed size during iteration". The walk below pauses at
+    # its first entry until the insert lands or half a second passes: it must pass.
+    cache: LRU[int, int] = LRU(100)
+    for n in range(10):
+        cache.put(n, n)
+    walking, inserted = threading.Event(), threading.Event()
+
+    def doomed(key: int, value: int) -> bool:
+        if key == 0:
+            walking.set()
+            inserted.wait(timeout=0.5)  # the window in which the insert must not land
+        return key == 1
+
+    def insert() -> None:
+        walking.wait(timeout=10)
+        cache.put(100, 100)
+        inserted.set()
+
+    inserter = threading.Thread(target=insert)
+    inserter.start()
+    cache.drop_where(doomed)
+    inserter.join(timeout=10)
+
+    assert inserted.is_set()
+    assert [cache.find(key)[0] for key in (0, 1, 100)] == [True, False, True]
+
+
+def test_request_threads_filling_the_cache_while_another_forgets_a_thread_never_overflow_it() -> None:
+    # Bounded on both sides: each walk holds the lock for the whole cache, so an unbounded walker
+    # would starve the writers on a loaded machine.
+    writers, rounds, walks = 4, 5_000, 200
     start = threading.Barrier(writers + 1)
     errors: list[BaseException] = []
     done = threading.Event()
@@ -58,7 +87,9 @@ def test_request_threads_inserting_while_another_forgets_a_thread_neither_fail_n
     def forget() -> None:
         start.wait()
         try:
-            while not done.is_set():
+            for _ in range(walks):
+                if done.is_set():
+                    break
                 branches.forget_thread(uuid.UUID(int=0))
         except BaseException as exc:  # reported below
             errors.append(exc)

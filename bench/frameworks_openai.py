@@ -40,48 +40,15 @@ from urllib.parse import urlsplit, urlunsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psycopg
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from bench.peers import english_text, relation_bytes, server_url
+from bench.frameworks import DB_NAME, conninfo, settle, setup_django, table_bytes
+from bench.peers import english_text, server_url
 from bench.quicksave_runs import TABLES
 
-DB_NAME = "quicksave_bench_frameworks"
 WINDOW = 20
 RECENT = 10
 READ_REPEATS = 41
 PEER_TABLES = ("agent_messages", "agent_sessions")
-
-
-def conninfo() -> str:
-    return make_conninfo(server_url(), dbname=DB_NAME)
-
-
-def setup_django() -> None:
-    """Create the benchmark's database if needed, point Django at it and migrate Quicksave's schema."""
-    import django
-    from django.core.management import call_command
-
-    maintenance = conninfo_to_dict(server_url()).get("dbname") or "postgres"
-    with psycopg.connect(make_conninfo(server_url(), dbname=maintenance), autocommit=True) as conn:
-        if conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DB_NAME,)).fetchone() is None:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(DB_NAME)))
-    parts = urlsplit(server_url())
-    os.environ["DATABASE_URL"] = urlunsplit((parts.scheme, parts.netloc, f"/{DB_NAME}", parts.query, ""))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "quicksave.settings")
-    django.setup()
-    call_command("migrate", verbosity=0)
-
-
-def settle() -> None:
-    """Flush dirty pages before a run, so neither session pays for the other's writes."""
-    with psycopg.connect(conninfo(), autocommit=True) as conn:
-        conn.execute("CHECKPOINT")
-
-
-def table_bytes(tables: Sequence[str]) -> int:
-    with psycopg.connect(conninfo(), autocommit=True) as conn:
-        return sum(relation_bytes(conn, tables).values())
 
 
 def scripted_agent(texts: Sequence[str]) -> Any:

@@ -35,10 +35,15 @@ PYTHON = VENV_BIN / "python"
 RUFF = VENV_BIN / "ruff"
 REQUIREMENTS = ROOT / "requirements.txt"
 REQUIREMENTS_DEV = ROOT / "requirements-dev.txt"
+FRAMEWORK_REQUIREMENTS = tuple(
+    ROOT / f"requirements-{name}.txt" for name in ("langgraph", "pydantic-ai", "adk", "openai-agents")
+)
 SDK = ROOT / "sdk"
 # Each lock file and what it is made from (the SDK's own dependencies go in the test set's).
 LOCKS: dict[Path, tuple[Path, ...]] = {
-    ROOT / "requirements.lock": (REQUIREMENTS,),
+    # `run` serves the demo agents of every framework, so it installs each integration's
+    # optional requirements too; the core itself needs only requirements.txt.
+    ROOT / "requirements.lock": (REQUIREMENTS, *FRAMEWORK_REQUIREMENTS),
     ROOT / "requirements-dev.lock": (REQUIREMENTS_DEV, SDK / "pyproject.toml"),
 }
 RUNTIME_LOCK, DEV_LOCK = LOCKS

@@ -24,6 +24,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from channels.db import database_sync_to_async
@@ -39,7 +40,7 @@ from google.adk.sessions.state import State
 
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
-from checkpoints.storage import NotFound, StaleParent, codec
+from checkpoints.storage import NotFound, StaleParent
 from integrations.adk import confirmations
 from integrations.adk.forks import FRAMEWORK, last_event
 from integrations.adk.reads import read_session
@@ -71,8 +72,10 @@ class Head:
 
 
 def session_key(user_id: str, session_id: str) -> str:
-    """The thread's external id: unambiguous whatever the ids contain."""
-    key = codec.dumps([user_id, session_id]).decode()
+    """The thread's external id, which the dashboard shows as the thread's name: `user/session`,
+    each percent-encoded (a `/` in either becomes %2F), so it reads plainly for plain ids and is
+    unambiguous whatever they contain."""
+    key = f"{quote(user_id, safe='')}/{quote(session_id, safe='')}"
     if len(key) > 255:
         raise ValueError("The user id and session id together are too long for a Quicksave thread (255 characters).")
     return key

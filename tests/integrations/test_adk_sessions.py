@@ -21,7 +21,7 @@ from google.adk.sessions.session import Session
 from google.genai import types
 
 from checkpoints.models import Checkpoint, Thread
-from integrations.adk.sessions import QuicksaveSessionService, find_thread
+from integrations.adk.sessions import QuicksaveSessionService, find_thread, session_key
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -221,3 +221,9 @@ async def test_a_worker_attempt_that_lost_its_run_writes_nothing(app: str) -> No
         await QuicksaveSessionService(fence=first_attempt).append_event(session, said("from the first attempt"))
     got = await service.get_session(app_name=app, user_id="ana", session_id=session.id)
     assert got is not None and got.events == []
+
+
+def test_a_sessions_thread_is_named_user_slash_session_and_no_two_pairs_share_a_name() -> None:
+    assert session_key("ana", "trip-7") == "ana/trip-7"
+    assert session_key("ana/b", "c") != session_key("ana", "b/c")
+    assert session_key("ana", "b/c") == "ana/b%2Fc"

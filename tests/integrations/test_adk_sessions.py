@@ -223,7 +223,7 @@ async def test_a_worker_attempt_that_lost_its_run_writes_nothing(app: str) -> No
     assert got is not None and got.events == []
 
 
-def test_a_sessions_thread_is_named_user_slash_session_and_no_two_pairs_share_a_name() -> None:
+async def test_a_sessions_thread_is_named_user_slash_session_and_no_two_pairs_share_a_name() -> None:
     assert session_key("ana", "trip-7") == "ana/trip-7"
     assert session_key("ana/b", "c") != session_key("ana", "b/c")
     assert session_key("ana", "b/c") == "ana/b%2Fc"

@@ -5,7 +5,7 @@ Each subclass names its `code` (snake_case, part of the API contract) and HTTP `
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 
 class DomainError(Exception):
@@ -29,3 +29,24 @@ def payload_too_large(limit: int) -> dict[str, Any]:
         "message": f"The request body is larger than {limit} bytes (QUICKSAVE_MAX_REQUEST_BYTES).",
         "detail": {"limit": limit},
     }
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def found_in_chain(exc: BaseException, kind: type[E]) -> E | None:
+    """`exc`, its cause or context, or one in an exception group among them, that is a `kind`:
+    ours, found inside whatever an agent framework raised around it."""
+    seen: set[int] = set()
+    pending: list[BaseException] = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            pending.extend(current.exceptions)
+        pending.extend(found for found in (current.__cause__, current.__context__) if found is not None)
+    return None

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from agents import Agent, RunConfig, Runner, RunResult, RunState
 from asgiref.sync import async_to_sync
@@ -36,12 +36,12 @@ from checkpoints.storage import StaleParent
 from integrations.openai_agents.approvals import apply_decision, pause, paused_run
 from integrations.openai_agents.session import QuicksaveSession
 from integrations.openai_agents.tools import CallInDoubt, guarded
+from quicksave.errors import found_in_chain
 from quicksave_agents import runtime
 from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.models import Run, RunReason, ToolCall
 
 AgentFactory = Callable[[], Agent[Any]]
-E = TypeVar("E", bound=BaseException)
 DECIDED = (ApprovalStatus.APPROVED, ApprovalStatus.REJECTED, ApprovalStatus.EXPIRED)
 log = logging.getLogger(__name__)
 
@@ -90,9 +90,9 @@ class OpenAIAgent(runtime.LoopAgent):
         except (LeaseLost, StaleParent):
             raise
         except Exception as exc:
-            if lost := _found(exc, LeaseLost):
+            if lost := found_in_chain(exc, LeaseLost):
                 raise lost from exc  # the runtime stops the attempt, however the SDK wrapped it
-            if doubt := _found(exc, CallInDoubt):
+            if doubt := found_in_chain(exc, CallInDoubt):
                 return _in_doubt(session, doubt.call, start)
             log.exception("agent %s failed in thread %s", self.name, thread.pk)
             return _fail(session, reason=f"{type(exc).__name__}: {exc}")
@@ -126,23 +126,6 @@ def _in_doubt(session: QuicksaveSession, call: ToolCall, start: Checkpoint) -> s
         return "cancelled"
     log.warning("thread %s: call %s (%s) is in doubt", call.thread_id, call.key[:12], call.tool)
     return "suspended"
-
-
-def _found(exc: BaseException, kind: type[E]) -> E | None:
-    """`exc`, its cause or context, or one in an exception group among them, that is a `kind`."""
-    seen: set[int] = set()
-    pending: list[BaseException] = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, kind):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        pending.extend(found for found in (current.__cause__, current.__context__) if found is not None)
-    return None
 
 
 def _start(run: Run, thread: Thread) -> tuple[Checkpoint, str | None]:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from pydantic_ai.agent import AbstractAgent
@@ -34,12 +34,12 @@ from checkpoints.models import Checkpoint, CheckpointStatus, Thread
 from checkpoints.storage import StaleParent
 from integrations.pydantic_ai import deferred, threads
 from integrations.pydantic_ai.agent import CallInDoubt, QuicksaveAgent, load
+from quicksave.errors import found_in_chain
 from quicksave_agents import runtime
 from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.models import Run, RunReason
 
 AgentFactory = Callable[[], AbstractAgent[Any, Any]]
-E = TypeVar("E", bound=BaseException)
 log = logging.getLogger(__name__)
 
 
@@ -88,11 +88,11 @@ class PydanticAIAgent(runtime.LoopAgent):
             async_to_sync(agent.run)(None, conversation_id=thread.external_id, message_history=load(state["messages"]),
                                      deferred_tool_results=results)  # fmt: skip
         except Exception as exc:
-            if lost := _found(exc, LeaseLost):
+            if lost := found_in_chain(exc, LeaseLost):
                 raise lost from exc  # the runtime stops the attempt, whatever Pydantic AI wrapped it in
-            if _found(exc, CallInDoubt):
+            if found_in_chain(exc, CallInDoubt):
                 return "suspended"
-            if _found(exc, ThreadCancelled):
+            if found_in_chain(exc, ThreadCancelled):
                 return "cancelled"
             log.exception("agent %s failed in thread %s", self.name, thread.pk)
             return _fail(thread, threads.latest_on_branch(start), reason=f"{type(exc).__name__}: {exc}", fence=fence)
@@ -137,23 +137,6 @@ def _carried(run: Run) -> ApprovalRequest | None:
     if run.reason != RunReason.FORK or run.approval_id is None:
         return None
     return ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
-
-
-def _found(exc: BaseException, kind: type[E]) -> E | None:
-    """`exc`, its cause or context, or one in an exception group among them, that is a `kind`."""
-    seen: set[int] = set()
-    pending: list[BaseException] = [exc]
-    while pending:
-        current = pending.pop()
-        if id(current) in seen:
-            continue
-        seen.add(id(current))
-        if isinstance(current, kind):
-            return current
-        if isinstance(current, BaseExceptionGroup):
-            pending.extend(current.exceptions)
-        pending.extend(found for found in (current.__cause__, current.__context__) if found is not None)
-    return None
 
 
 def register_agent(name: str, *, version: str = "1") -> Callable[[AgentFactory], AgentFactory]:

@@ -27,10 +27,9 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
-from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from checkpoints import live
 from checkpoints.ids import new_id
@@ -41,7 +40,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, codec, hotcache
+from checkpoints.storage import blobs, codec, cursors, hotcache
 from checkpoints.storage.branches import MAIN_BRANCH, branch_by_name, branch_head, forget_thread, get_branch_name
 from checkpoints.storage.errors import (
     InvalidState,
@@ -275,12 +274,7 @@ def _append(params: dict[str, Any]) -> bool:
     once committed), False when it wrote nothing (another write got there first, the parent's
     MAC changed, or the run's lease is lost)."""
     try:
-        with connection.cursor() as cursor:
-            # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
-            # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
-            # thread's growing sizes do not prepare the append again each time they cross a boundary.
-            cursor.adapters.register_dumper(int, Int8Dumper)
-            cursor.adapters.register_dumper(int, Int8BinaryDumper)
+        with cursors.cursor() as cursor:
             cursor.execute(_APPEND_SQL, params)
             rows = cursor.fetchall()
     except IntegrityError as exc:

@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 
 from google.adk.agents.base_agent import BaseAgent
-from google.adk.apps.app import App
+from google.adk.apps.app import App, validate_app_name
 from google.adk.events.event import Event
 from google.adk.runners import Runner
 
@@ -149,7 +149,10 @@ def check_unanswered(asked_at: Checkpoint, asked: list[ConfirmationRequest]) -> 
 
 
 def register_adk_agent(name: str, *, version: str = "adk") -> Callable[[AgentFactory], AgentFactory]:
-    """Decorator: make the worker resume the ADK app `name`, whose root agent this factory builds."""
+    """Decorator: make the worker resume the ADK app `name`, whose root agent this factory builds.
+    The worker runs it as an ADK `App` of that name, so the name must be one ADK's App takes
+    (ValueError here, not at the first resume)."""
+    validate_app_name(name)
 
     def register(factory: AgentFactory) -> AgentFactory:
         agent_class = type(

@@ -156,3 +156,10 @@ def test_two_confirmations_in_one_turn_are_two_approvals_decided_apart_and_answe
         [{"confirmed": True, "payload": {"city": "Rome", "nights": 4}}, {"confirmed": False}]
     ]
     assert Thread.objects.get(pk=thread.pk).status == ThreadStatus.COMPLETED
+
+
+def test_an_app_name_adk_cannot_run_is_refused_when_it_is_registered() -> None:
+    from integrations.adk.runner import register_adk_agent
+
+    with pytest.raises(ValueError, match="Invalid app name"):
+        register_adk_agent("travel desk")

@@ -50,6 +50,7 @@ from checkpoints.storage.errors import (
 from checkpoints.storage.nodes import Node, states
 from checkpoints.storage.payloads import offloaded, seal_payload
 from checkpoints.storage.reads import REPLAY_COST_PER_BYTE, load_node
+from checkpoints.storage.threads import checkpoint_event, checkpoint_event_reference
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
 from quicksave_agents import fencing
@@ -161,10 +162,12 @@ def append_checkpoint(
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
         **fencing.params(fence),
-        "event": Jsonb(dumps=codec.dumps, obj={
-            "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
-            "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
-        }),
+        # Published whole; stored as a reference to this row, which holds the rest (threads.events_after).
+        "event": Jsonb(dumps=codec.dumps, obj=checkpoint_event(
+            checkpoint_id=checkpoint_id, parent_id=parent_id, branch=branch_name, seq=seq, step=step, label=label,
+            status=fields["status"],
+        )),
+        "event_reference": Jsonb(checkpoint_event_reference(checkpoint_id), dumps=codec.dumps),
     }  # fmt: skip
 
     if tool_results:
@@ -260,7 +263,8 @@ WITH cp AS (
     RETURNING event_seq
 )
 INSERT INTO checkpoints_event (thread_id, seq, type, data, created_at)
-SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event)s::jsonb, %(created_at)s::timestamptz
+SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event_reference)s::jsonb,
+    %(created_at)s::timestamptz
 FROM bumped
 RETURNING seq
 """.replace("{fence}", fencing.SQL)

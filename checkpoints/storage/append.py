@@ -278,9 +278,9 @@ def _append(params: dict[str, Any]) -> bool:
     once committed), False when it wrote nothing (another write got there first, the parent's
     MAC changed, or the run's lease is lost)."""
     try:
-        with cursors.cursor() as cursor:
-            cursor.execute(_APPEND_SQL, params)
-            rows = cursor.fetchall()
+        cursor = cursors.kept_cursor()
+        cursor.execute(_APPEND_SQL, params)
+        rows = cursor.fetchall()
     except IntegrityError as exc:
         if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
             raise

@@ -13,15 +13,23 @@ Django and psycopg instrumentations see it. On it, through psycopg's public curs
   (every engine statement casts its integer parameters, so int8 is what each asks for anyway);
 - with `json=True`, jsonb values are parsed by the codec that stores every JSON value
   (Django's own cursors leave jsonb as text for its JSONField to parse).
+
+The append, the engine's hottest statement, runs on a cursor each thread keeps (`kept_cursor`):
+psycopg's cursor remembers the dumper it found for each parameter's type and the statement it
+prepared, which a new cursor looks up again each time, and Django's wrapper around it is made
+once. It is made again whenever it would no longer be the cursor `connection.cursor()` gives:
+another connection (a new request's, from the pool), a closed one, or the query log switched on
+or off (`CaptureQueriesContext`, `DEBUG`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 
-from django.db import connection
-from django.db.backends.utils import CursorWrapper
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import pq
 from psycopg.types.json import set_json_loads
 from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
@@ -33,10 +41,34 @@ from checkpoints.storage import codec
 def cursor(*, json: bool = False) -> Iterator[CursorWrapper]:
     """Django's cursor on the default connection, returning binary results and sending ints as int8."""
     with connection.cursor() as wrapper:
-        driver = wrapper.cursor  # the psycopg cursor Django wraps
-        driver.format = pq.Format.BINARY
-        driver.adapters.register_dumper(int, Int8Dumper)
-        driver.adapters.register_dumper(int, Int8BinaryDumper)
-        if json:
-            set_json_loads(codec.loads, driver)
+        _set_up(wrapper, json=json)
         yield wrapper
+
+
+_kept = threading.local()
+
+
+def kept_cursor() -> CursorWrapper:
+    """`cursor()`'s kind of cursor, kept by this thread for its next statement; not to be closed."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    wrapper: CursorWrapper | None = getattr(_kept, "wrapper", None)
+    if (
+        wrapper is None
+        or wrapper.db is not db
+        or wrapper.cursor.closed
+        or wrapper.cursor.connection is not db.connection
+        or isinstance(wrapper, CursorDebugWrapper) is not db.queries_logged
+    ):
+        wrapper = _kept.wrapper = db.cursor()
+        _set_up(wrapper, json=False)
+    return wrapper
+
+
+def _set_up(wrapper: CursorWrapper, *, json: bool) -> None:
+    driver = wrapper.cursor  # the psycopg cursor Django wraps
+    driver.format = pq.Format.BINARY
+    driver.adapters.register_dumper(int, Int8Dumper)
+    driver.adapters.register_dumper(int, Int8BinaryDumper)
+    if json:
+        set_json_loads(codec.loads, driver)

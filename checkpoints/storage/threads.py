@@ -13,7 +13,6 @@ from typing import Any
 from uuid import UUID
 
 from django.db import IntegrityError, connection, transaction
-from psycopg.types.json import set_json_loads
 
 from checkpoints import live
 from checkpoints.models import (
@@ -24,7 +23,7 @@ from checkpoints.models import (
     Event,
     Thread,
 )
-from checkpoints.storage import codec, keys
+from checkpoints.storage import cursors, keys
 from checkpoints.storage.branches import MAIN_BRANCH, forget_thread
 from checkpoints.storage.errors import (
     InvalidState,
@@ -114,8 +113,7 @@ LIMIT %s
 def events_after(*, thread_id: UUID | str, seq: int, limit: int) -> list[tuple[int, str, dict[str, Any]]]:
     """The thread's events after `seq`, oldest first, at most `limit` of them: (seq, type, data),
     with each checkpoint's event data as it was published."""
-    with connection.cursor() as cursor:
-        set_json_loads(codec.loads, cursor)  # jsonb parsed as every stored JSON value is
+    with cursors.cursor(json=True) as cursor:
         cursor.execute(_EVENTS_SQL, [thread_id, seq, limit])
         rows = cursor.fetchall()
     return [

@@ -34,7 +34,9 @@ def test_the_query_log_sees_an_append_made_after_appends_it_did_not_watch(thread
     head = storage.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": 1}])
 
     with CaptureQueriesContext(connection) as queries:
-        head = storage.append_checkpoint(thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": 2}])
+        head = storage.append_checkpoint(
+            thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": 2}]
+        )
     assert len(appends(queries)) == 1
 
     # And once the log is off again, appends go on (on a cursor that no longer logs).

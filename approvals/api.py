@@ -30,8 +30,10 @@ from quicksave.api import CursorPage
 
 
 def visible_approvals(principal: Any) -> Any:
-    return ApprovalRequest.objects.filter(thread__in=visible_threads(principal)).select_related(
-        "thread__agent", "decided_by", "tool_call"
+    return (
+        ApprovalRequest.objects.filter(thread__in=visible_threads(principal))
+        .select_related("thread__agent", "decided_by", "tool_call", "policy", "rule")
+        .prefetch_related("votes__user")
     )
 
 

@@ -4,6 +4,7 @@ auto-approve rules that decide the routine requests at once."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
@@ -42,6 +43,21 @@ class Risk(models.TextChoices):
     LOW = "low", "Low"
     MEDIUM = "medium", "Medium"
     HIGH = "high", "High"
+
+
+@dataclass(frozen=True)
+class Quorum:
+    """Who approved and rejected a request so far, of how many needed (1 and 1 without a policy)."""
+
+    approvals_needed: int = 1
+    rejections_needed: int = 1
+    approved_by: list[str] = field(default_factory=list)
+    rejected_by: list[str] = field(default_factory=list)
+
+    @property
+    def counts(self) -> bool:
+        """Whether the request needs several votes, or has some: then pages show the quorum."""
+        return self.approvals_needed > 1 or self.rejections_needed > 1 or bool(self.approved_by or self.rejected_by)
 
 
 class ApprovalRequest(models.Model):
@@ -105,6 +121,18 @@ class ApprovalRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} ({self.status})"
+
+    @cached_property
+    def quorum(self) -> Quorum:
+        """How far the request is towards its outcome under its policy (reads `policy` and
+        `votes__user`: a list select- and prefetches them)."""
+        votes = list(self.votes.all())
+        return Quorum(
+            approvals_needed=self.policy.approvals_needed if self.policy else 1,
+            rejections_needed=self.policy.rejections_needed if self.policy else 1,
+            approved_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.APPROVE],
+            rejected_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.REJECT],
+        )
 
     @cached_property
     def unreadable(self) -> str:

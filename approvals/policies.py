@@ -8,7 +8,7 @@ in force for a new request, whether a person may decide a request, and its quoru
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -298,27 +298,25 @@ def who_may_decide(version: PolicyVersion, *, escalated: bool = False) -> str:
 
 
 @dataclass(frozen=True)
-class Quorum:
-    """How far a request is towards its outcome: who approved and rejected so far, of how many needed."""
+class Eligibility:
+    """What the approval page offers a reviewer: whether they may approve and reject, why not, and
+    how they voted already (None when they have not)."""
 
-    approvals_needed: int = 1
-    rejections_needed: int = 1
-    approved_by: list[str] = field(default_factory=list)
-    rejected_by: list[str] = field(default_factory=list)
-
-    @property
-    def partial(self) -> bool:
-        return bool(self.approved_by or self.rejected_by)
+    may_approve: bool
+    may_reject: bool
+    why_not: str = ""
+    voted: str | None = None
 
 
-def quorum_of(approval: ApprovalRequest) -> Quorum:
-    """The request's votes so far against its policy (reads `approval.votes`, so a list prefetches
-    `votes__user`)."""
-    version = approval.policy
-    votes = list(approval.votes.all())
-    return Quorum(
-        approvals_needed=version.approvals_needed if version else 1,
-        rejections_needed=version.rejections_needed if version else 1,
-        approved_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.APPROVE],
-        rejected_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.REJECT],
-    )
+def eligibility(*, approval: ApprovalRequest, user: User) -> Eligibility:
+    """`check_may_decide` for both decisions, as the page shows it (reads `approval.votes`)."""
+    voted = next((vote.decision for vote in approval.votes.all() if vote.user_id == user.pk), None)
+    reasons = {}
+    for decision in (VoteDecision.APPROVE, VoteDecision.REJECT):
+        try:
+            check_may_decide(approval=approval, user=user, decision=decision)
+        except NotEligible as exc:
+            reasons[decision] = exc.message
+    why = reasons.get(VoteDecision.REJECT) or reasons.get(VoteDecision.APPROVE, "")
+    return Eligibility(may_approve=VoteDecision.APPROVE not in reasons, may_reject=VoteDecision.REJECT not in reasons,
+                       why_not=why, voted=voted)  # fmt: skip

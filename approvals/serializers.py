@@ -8,7 +8,6 @@ from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
-from approvals.policies import quorum_of
 from quicksave.api import FenceField, StrictSerializer
 from quicksave_agents.serializers import ToolCallSchemaSerializer, tool_call_data
 
@@ -34,7 +33,7 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
             "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
             "rule": {"id": approval.rule.pk, "name": approval.rule.name} if approval.rule else None,
         }
-    quorum = quorum_of(approval)
+    quorum = approval.quorum
     version = approval.policy
     return {
         "id": str(approval.pk),

@@ -15,7 +15,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.utils import timezone
 
-from approvals import services
+from approvals import policies, services
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from audit.trail import client_address
 from checkpoints import storage
@@ -39,8 +39,18 @@ class InboxFilterForm(forms.Form):
 
 
 def _approvals(user: Any) -> Any:
-    return ApprovalRequest.objects.filter(thread__in=visible_threads(user)).select_related(
-        "thread__agent", "checkpoint", "decided_by", "tool_call"
+    return (
+        ApprovalRequest.objects.filter(thread__in=visible_threads(user))
+        .select_related(
+            "thread__agent",
+            "checkpoint",
+            "decided_by",
+            "tool_call",
+            "policy__escalate_to",
+            "policy__policy__agent",
+            "rule",
+        )
+        .prefetch_related("votes__user", "policy__groups", "policy__users")
     )
 
 
@@ -118,10 +128,15 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
             errors["decision"] = [{"path": "", "message": exc.message}]
         # Read again, not refresh_from_db(): that would open sealed values that may not open.
         approval = _approvals(request.user).get(pk=approval.pk)
+    escalated = approval.escalated_at is not None
+    user = request.user
     context = {
         "nav": "inbox",
         "approval": approval,
         "thread": approval.thread,
+        "deciders": policies.who_may_decide(approval.policy, escalated=escalated) if approval.policy else None,
+        "policy_name": f"{approval.policy.policy} v{approval.policy.version}" if approval.policy else None,
+        "eligibility": policies.eligibility(approval=approval, user=user) if isinstance(user, User) else None,
         "in_doubt": in_doubt,
         "call": approval.tool_call if in_doubt else None,
         "errors": errors,

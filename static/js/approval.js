@@ -1,6 +1,7 @@
 // The decision page: edited arguments are checked as JSON before they are sent, a high-risk
 // approval is confirmed with its arguments in view, the plain Approve waits while arguments are
-// being edited, and a decision taken elsewhere replaces the forms as soon as it is made.
+// being edited, votes cast elsewhere show as they come, and a decision taken elsewhere replaces
+// the forms as soon as it is made.
 import { navigableTree } from "./json_tree.js";
 import { connectFeed, fetchThisPage } from "./live.js";
 
@@ -101,12 +102,21 @@ async function showDecision() {
   }
 }
 
+// Another reviewer voted short of the quorum, or the request escalated: show who approved so far.
+async function showVotes() {
+  const page = await fetchThisPage();
+  const fresh = page?.getElementById("policy");
+  if (fresh) document.getElementById("policy")?.replaceWith(fresh);
+}
+
 if (approvalId && "pending" in (document.getElementById("decision")?.dataset ?? {})) {
   connectFeed({
     path: "/ws/inbox/",
     ordered: false,
     onEvent(event) {
-      if (event.type === "approval.decided" && event.data.approval === approvalId) showDecision();
+      if (event.data.approval !== approvalId) return;
+      if (event.type === "approval.decided") showDecision();
+      if (event.type === "approval.voted" || event.type === "approval.escalated") showVotes();
     },
     onSync(event) {
       if (!event.data.pending.includes(approvalId)) showDecision();

@@ -1,4 +1,4 @@
-// The inbox, live: new requests appear and decided ones disappear without a reload.
+// The inbox, live: new requests appear, votes and escalations show, and decided ones disappear without a reload.
 import { connectFeed, fetchThisPage } from "./live.js";
 
 const table = document.getElementById("inbox-body");
@@ -38,7 +38,8 @@ if (pendingOnly) {
     ordered: false,
     onEvent(event) {
       if (event.type === "approval.decided") removeRow(event.data.approval);
-      if (event.type === "approval.requested") refresh();
+      // A vote short of the quorum, or an escalation, changes the row: fetch the page again.
+      if (["approval.requested", "approval.voted", "approval.escalated"].includes(event.type)) refresh();
     },
     onSync(event) {
       const pending = new Set(event.data.pending);

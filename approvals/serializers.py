@@ -136,6 +136,10 @@ class DecisionSerializer(StrictSerializer):
 
 class ApprovalListQuerySerializer(serializers.Serializer[Any]):
     status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False)
+    assigned = serializers.ChoiceField(
+        choices=["me"], required=False,
+        help_text="me: only those the caller may decide and has not voted on (none for an agent key).",
+    )  # fmt: skip
     agent = serializers.SlugField(required=False, max_length=64)
     cursor = serializers.CharField(required=False)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=200)

@@ -100,6 +100,9 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/inbox/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
     ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),
+    # The world's approval is high-risk: nothing to approve together, a 400 for those who may decide.
+    ("GET", "/inbox/bulk/?approval={approval}", None, (302, 302, 403, 400, 400, 302)),
+    ("POST", "/inbox/bulk/", {"approval": "{approval}"}, (302, 302, 403, 400, 400, 302)),
     ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/new/", None, (302, 302, 403, 403, 200, 302)),

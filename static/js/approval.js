@@ -40,8 +40,11 @@ const approveButton = document.getElementById("approve");
 const edit = document.getElementById("edit-approve");
 const hint = document.getElementById("approve-hint");
 
+const approveNext = document.getElementById("approve-next");
+
 function followEdit() {
   approveButton.disabled = edit.open;
+  if (approveNext) approveNext.disabled = edit.open;
   hint.hidden = !edit.open;
 }
 
@@ -59,11 +62,14 @@ const which = document.getElementById("confirm-approve-which");
 const proposedArgs = shownArgs?.textContent ?? "";
 let confirming = null; // the form the dialog is asking about
 
+let submitter = null; // the button that asked: "Approve" or "Approve & next"
+
 function confirmFirst(target, args, description) {
   target.addEventListener("submit", (event) => {
     if (target.dataset.confirmed || event.defaultPrevented) return;
     event.preventDefault();
     confirming = target;
+    submitter = event.submitter ?? null;
     shownArgs.textContent = args();
     which.textContent = description;
     dialog.showModal();
@@ -82,7 +88,7 @@ if (dialog && shownArgs && which) {
     confirming = null;
     if (dialog.returnValue !== "approve" || !target) return;
     target.dataset.confirmed = "yes";
-    target.requestSubmit();
+    target.requestSubmit(submitter && target.contains(submitter) ? submitter : undefined);
   });
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 
 from checkpoints import live
@@ -35,9 +36,14 @@ from quicksave_agents.models import Agent
 
 
 def create_thread(
-    *, agent: Agent, external_id: str | None = None, metadata: dict[str, Any] | None = None
+    *,
+    agent: Agent,
+    external_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    started_by: User | None = None,
 ) -> tuple[Thread, bool]:
     """Create a thread with its `main` branch, or return the agent's thread with `external_id`.
+    `started_by` is the person it runs for (approval policies may keep them from approving it).
 
     Returns (thread, created).
     """
@@ -48,7 +54,8 @@ def create_thread(
             return existing, False
     try:
         with transaction.atomic():
-            thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata)
+            thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata,
+                                           started_by=started_by)  # fmt: skip
             keys.create_thread_key(thread.pk)
             branch = Branch.objects.create(thread=thread, name=MAIN_BRANCH)
             thread.active_branch = branch

@@ -40,6 +40,8 @@ class ThreadConsumer(live.EventConsumer):
     replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay.
     """
 
+    feed = "thread"
+
     async def connect(self) -> None:
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
         if (user := await self.signed_in()) is None:
@@ -87,6 +89,8 @@ class ThreadListConsumer(live.EventConsumer):
     """`/ws/threads/`: for the dashboard's thread list, `threads.changed` naming the threads that had
     events, once per publisher round. For people who may read every thread; an agent key lists its
     threads through the API."""
+
+    feed = "threads"
 
     async def connect(self) -> None:
         if (user := await self.signed_in()) is None:

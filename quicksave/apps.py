@@ -6,6 +6,8 @@ from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps  # a module: its AdminConfig is no candidate here
 from django.db.models.signals import post_migrate
 
+from quicksave import telemetry
+
 
 class QuicksaveConfig(AppConfig):
     name = "quicksave"
@@ -13,6 +15,8 @@ class QuicksaveConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(_sync_roles, dispatch_uid="quicksave.sync_roles")
+        # Before Django builds its middleware chain, so the Django instrumentation's is in it.
+        telemetry.configure()
 
 
 class QuicksaveAdminConfig(admin_apps.AdminConfig):

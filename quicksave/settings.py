@@ -14,6 +14,7 @@ from csp.constants import NONE, SELF
 
 from quicksave.env import ConfigError, check_strong_secret, envbool, envint, envlist, envsecret, envstr
 from quicksave.keyring import new_master_key_entry, parse_keyring
+from quicksave.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("QUICKSAVE_VAR_DIR", str(BASE_DIR / "var")))
@@ -54,6 +55,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "quicksave.middleware.RequestContextMiddleware",
+    "quicksave.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "quicksave.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -284,12 +287,18 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = QUICKSAVE_MAX_REQUEST_BYTES
 
 TESTING = "pytest" in sys.modules or os.environ.get("QUICKSAVE_TESTING") == "1"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-}
+# Log lines (quicksave/logs.py): JSON objects in production, plain text otherwise, each naming its
+# request and thread.
+QUICKSAVE_LOG_FORMAT = envstr("QUICKSAVE_LOG_FORMAT", "json" if QUICKSAVE_PRODUCTION else "text")
+if QUICKSAVE_LOG_FORMAT not in {"json", "text"}:
+    raise ConfigError(f"QUICKSAVE_LOG_FORMAT must be json or text, got {QUICKSAVE_LOG_FORMAT!r}")
+LOGGING = logging_config(json_lines=QUICKSAVE_LOG_FORMAT == "json", level=envstr("LOG_LEVEL", "INFO"))
+
+# Metrics (quicksave/metrics.py, quicksave/scrape.py): GET /metrics with this bearer token; unset,
+# /metrics answers 404. run_agents --metrics-port serves a worker's own on an internal address.
+QUICKSAVE_METRICS_TOKEN = envstr("QUICKSAVE_METRICS_TOKEN")
+if QUICKSAVE_PRODUCTION and QUICKSAVE_METRICS_TOKEN and len(QUICKSAVE_METRICS_TOKEN) < 32:
+    raise ConfigError("QUICKSAVE_METRICS_TOKEN must be at least 32 characters long in production")
 
 # Every response forbids inline scripts and styles and anything from another origin: templates
 # keep their styles in static/css and their scripts in static/js (see ContentSecurityPolicyMiddleware).

@@ -115,6 +115,9 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C trace context (traceparent, tracestate) of the request that queued the run, so its
+    # resume continues that trace; empty without tracing (quicksave.telemetry).
+    trace_context = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["created_at"]

@@ -279,12 +279,12 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
 
     async def dispatch(self, message: dict[str, Any]) -> None:
         """Handle a channel message; one the publisher sent for traced writes is handled in a span
-        continuing the first write's trace (and linked to the others in its batch)."""
-        traces = message.get("traces")
-        if not traces:
+        continuing the trace of the publisher's send."""
+        trace = message.get("trace")
+        if not trace:
             await super().dispatch(message)
             return
-        with telemetry.span("quicksave.websocket.push", carrier=traces[0], links=traces[1:], kind=SpanKind.CONSUMER,
+        with telemetry.span("quicksave.websocket.push", carrier=trace, kind=SpanKind.CONSUMER,
                             attributes={"quicksave.feed": self.feed}):  # fmt: skip
             await super().dispatch(message)
 
@@ -503,11 +503,11 @@ class _Publisher:
                 else {"type": "live.events", "events": events}
             )
             traces = [item.trace for item in items if item.trace]
-            if traces:
-                # The sockets' server process continues each write's trace (EventConsumer.dispatch).
-                message["traces"] = traces
             with telemetry.span("quicksave.live.publish", carrier=traces[0] if traces else None, links=traces[1:],
                                 kind=SpanKind.PRODUCER, attributes={"quicksave.events": len(events)}):  # fmt: skip
+                if traces:
+                    # The sockets' server process continues the trace under this send (EventConsumer.dispatch).
+                    message["trace"] = telemetry.current_carrier()
                 sent = self._send(layer, group, message, own_loop)
             if sent:
                 now = time.monotonic()

@@ -24,6 +24,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from approvals.services import expire_due
+from quicksave import logs, telemetry
 from quicksave_agents import runtime
 from quicksave_agents.models import Agent, Run, RunStatus
 from quicksave_agents.runs import LeaseLost, RunFinished, RunNotifications, claim_run, fence_of, finish_run, heartbeat
@@ -126,6 +127,15 @@ class Worker:
         run = claim_run(agents=self.agents(), worker=self.name, lease_seconds=self.lease_seconds)
         if run is None:
             return False
+        # The resume continues the trace of the request that queued the run (a decision, a fork).
+        attributes: dict[str, str | int] = {"quicksave.run": str(run.pk), "quicksave.run.reason": run.reason,
+                      "quicksave.thread": str(run.thread_id), "quicksave.run.attempt": run.attempts}  # fmt: skip
+        with logs.bound(thread=run.thread_id), telemetry.span("quicksave.run.resume", carrier=run.trace_context,
+                                                              attributes=attributes):  # fmt: skip
+            self._drive(run)
+        return True
+
+    def _drive(self, run: Run) -> None:
         beat = _Heartbeat(run, self.name, self.lease_seconds)
         beat.start()
         try:
@@ -134,14 +144,13 @@ class Worker:
             log.exception("run %s crashed", run.pk)
             beat.stopped.set()
             self._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
-            return True
+            return
         beat.stopped.set()
         log.info("run %s (%s) of thread %s: %s", run.pk, run.reason, run.thread_id, outcome)
         if outcome == "lease_lost":
-            return True  # another attempt holds the run; closing it is that attempt's business
+            return  # another attempt holds the run; closing it is that attempt's business
         status = {"failed": RunStatus.FAILED, "cancelled": RunStatus.CANCELLED}.get(outcome, RunStatus.COMPLETED)
         self._finish(run, status, "the agent failed" if outcome == "failed" else "")
-        return True
 
     def _finish(self, run: Run, status: str, error: str) -> None:
         try:

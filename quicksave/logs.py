@@ -43,6 +43,12 @@ def bound(*, request: str | None = None, thread: object | None = None) -> Iterat
             var.reset(token)
 
 
+def forget_request(sender: object = None, **kwargs: object) -> None:
+    """On `request_finished`: the request thread's next lines belong to no request."""
+    request_id.set(None)
+    thread_id.set(None)
+
+
 def bind_thread(thread: object) -> None:
     """Name `thread` on every later line of the current task (a websocket's, say) or request."""
     thread_id.set(str(thread))

@@ -37,12 +37,12 @@ class RequestContextMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         sent = request.headers.get(REQUEST_ID_HEADER, "")
         request_id = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
-        thread_token = logs.thread_id.set(None)  # request threads are reused: start with no thread
-        try:
-            with logs.bound(request=request_id):
-                response = self.get_response(request)
-        finally:
-            logs.thread_id.reset(thread_token)
+        # Not reset on the way out: Django logs a 4xx or 5xx (django.request) after the middleware
+        # has returned, and that line must name the request too. `request_finished` forgets them
+        # (logs.forget_request), once the server has closed the response.
+        logs.request_id.set(request_id)
+        logs.thread_id.set(None)
+        response = self.get_response(request)
         response[REQUEST_ID_HEADER] = request_id
         return response
 

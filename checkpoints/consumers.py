@@ -10,6 +10,7 @@ from channels.db import database_sync_to_async
 from checkpoints import live
 from checkpoints.access import visible_threads
 from checkpoints.models import Event
+from quicksave import logs
 
 REPLAY_BATCH = 500
 
@@ -44,6 +45,7 @@ class ThreadConsumer(live.EventConsumer):
 
     async def connect(self) -> None:
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
+        logs.bind_thread(self.thread_id)  # this socket's task: every line it logs names the thread
         if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_can_view)(user, self.thread_id):

@@ -142,13 +142,38 @@ def finish_run(*, run: Run, worker: str, status: str, error: str = "", fence: Fe
     return locked
 
 
+def release_run(*, run: Run, worker: str, fence: Fence | None = None) -> Run:
+    """Hand a run this worker holds back to the queue, at once and not when its lease runs out: the
+    worker is stopping (SIGTERM) between two steps. The next claim, woken by NOTIFY, goes on from
+    the last checkpoint the run committed. LeaseLost when another attempt holds it now."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if (
+            locked.status != RunStatus.RUNNING
+            or locked.claimed_by != worker
+            or (fence is not None and fence.attempt != locked.attempts)
+        ):
+            raise LeaseLost(f"Run {run.pk} is not held by {worker} any more.", detail={"run": str(run.pk)})
+        locked.status = RunStatus.QUEUED
+        locked.claimed_by = ""
+        locked.lease_expires_at = None
+        locked.save(update_fields=["status", "claimed_by", "lease_expires_at"])
+        record_event(thread=locked.thread_id, type="run.released", data={"run": str(locked.pk), "worker": worker})
+        agent_name = Agent.objects.values_list("name", flat=True).get(pk=locked.agent_id)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, agent_name])
+    return locked
+
+
 class RunNotifications:
     """A LISTEN on `quicksave_runs` over a connection of its own (LISTEN must sit outside
-    Django's transactions). Open it before looking for work, so a run queued between
-    the look and the wait still wakes the waiter."""
+    Django's transactions), to settings.DATABASE_LISTEN: PostgreSQL itself even when the other
+    queries go through a transaction pooler, which would hand the LISTEN's session to someone else.
+    Open it before looking for work, so a run queued between the look and the wait still wakes
+    the waiter. (NOTIFY, sent inside the queuing transaction, works through a pooler.)"""
 
     def __init__(self) -> None:
-        db = settings.DATABASES["default"]
+        db = settings.DATABASE_LISTEN
         self._conninfo = make_conninfo(
             dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
             host=db["HOST"] or None, port=db["PORT"] or None,
@@ -184,5 +209,5 @@ class RunNotifications:
 
 __all__ = [
     "LeaseLost", "RunFinished", "RunNotifications", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
-    "heartbeat",
+    "heartbeat", "release_run",
 ]  # fmt: skip

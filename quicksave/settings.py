@@ -131,7 +131,7 @@ def database_from_url(url: str) -> dict[str, Any]:
             "prepare_threshold": 5 if DATABASE_PREPARED_STATEMENTS else None,
             **pool,
             **query,
-        },  # fmt: skip
+        },
         "CONN_MAX_AGE": 0 if pool else envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         "CONN_HEALTH_CHECKS": not pool,
         "DISABLE_SERVER_SIDE_CURSORS": DATABASE_TRANSACTION_POOLING,

@@ -180,3 +180,25 @@ def test_a_published_event_records_its_lag_from_the_commit(thread: Thread) -> No
     live.flush()
 
     assert sample("quicksave_live_publish_lag_seconds_count") >= before + 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_multiprocess_directory_one_scrape_adds_up_every_process(tmp_path: Any) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.processes import ROOT, database_url
+
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path), "DJANGO_SETTINGS_MODULE": "quicksave.settings",
+           "DATABASE_URL": database_url()}  # fmt: skip
+    write = "from quicksave import metrics; metrics.checkpoint_writes_total.inc(3)"
+    for _ in range(2):  # two server processes, each counting its own writes
+        subprocess.run([sys.executable, "-c", write], cwd=ROOT, env=env, check=True, timeout=60)
+    scrape = ("import django; django.setup(); from quicksave.scrape import exposition; "
+              "print(exposition().decode())")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", scrape], cwd=ROOT, env=env, check=True, timeout=60,
+                         capture_output=True, text=True).stdout  # fmt: skip
+    values = {s.name: s.value for f in text_string_to_metric_families(out) for s in f.samples}
+    assert values["quicksave_checkpoint_writes_total"] == 6
+    assert "quicksave_approvals_pending" in values  # and the database's gauges, read at the scrape

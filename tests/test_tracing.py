@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,7 +41,7 @@ from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.models import Run, RunReason
 from quicksave_agents.runtime import start_thread
 from tests.conftest import person
-from tests.processes import Workers, free_port, start_server, stop
+from tests.processes import ROOT, Workers, database_url, free_port, start_server, stop
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -244,3 +247,45 @@ def test_a_decision_and_the_workers_resume_of_the_thread_are_one_trace(
     assert by_id[resume.parent_id].service == "web-a"
     worker_statements = [s for s in spans if s.service == "worker" and s.attributes.get("db.system") == "postgresql"]
     assert any("checkpoints_checkpoint" in str(s.attributes.get("db.statement", "")) for s in worker_statements)
+
+
+ADAPTER_SCRIPT = """
+import asyncio
+import django
+
+django.setup()
+from opentelemetry import trace
+
+from checkpoints import live
+from integrations.openai_agents.session import QuicksaveSession
+from quicksave import telemetry
+
+
+async def turn() -> str:
+    with trace.get_tracer("agent").start_as_current_span("agent.turn") as span:
+        await QuicksaveSession("traced-chat").add_items([{"role": "user", "content": "Book me a flight."}])
+        return format(span.get_span_context().trace_id, "032x")
+
+
+print(asyncio.run(turn()))
+live.flush()
+telemetry.shutdown()
+"""
+
+
+def test_a_framework_adapters_write_joins_the_trace_of_the_agent_that_makes_it(receiver: Receiver) -> None:
+    # The OpenAI Agents SDK's session writes on a thread of its own (database_sync_to_async): the
+    # context crosses with it, to the statements and to the publisher.
+    env = {**os.environ, "DATABASE_URL": database_url(), **otel_env(receiver, "agent-process")}
+    env.pop("REDIS_URL", None)  # the in-memory channel layer: this process publishes to itself
+    result = subprocess.run([sys.executable, "-c", ADAPTER_SCRIPT], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=120)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    trace_id = result.stdout.strip().splitlines()[-1]
+
+    spans = receiver.trace(trace_id)
+    (turn,) = [span for span in spans if span.name == "agent.turn"]
+    statements = [span for span in spans if span.attributes.get("db.system") == "postgresql"]
+    assert any("checkpoints_checkpoint" in str(span.attributes.get("db.statement", "")) for span in statements)
+    assert all(span.trace_id == turn.trace_id for span in statements)
+    assert any(span.name == "quicksave.live.publish" for span in spans)

@@ -41,6 +41,8 @@ from quicksave_agents.runs import (
 )
 
 log = logging.getLogger(__name__)
+# How soon an idle worker notices it was told to stop.
+STOP_CHECK_SECONDS = 0.5
 
 
 def load_agent_modules(modules: Iterable[str] | None = None) -> dict[str, type[runtime.Agent]]:
@@ -125,8 +127,12 @@ class Worker:
         """Wait for a run to be queued, or the poll interval. A LISTEN connection that broke (a
         restart or failover of PostgreSQL, an idle-connection reaper) is opened again next time."""
         log.debug("worker %s: idle, waiting up to %g s for a run", self.name, self.poll_seconds)
+        deadline = time.monotonic() + self.poll_seconds
         try:
-            notifications.wait(self.poll_seconds)
+            # In slices: SIGTERM only sets `stopping`, and a stopping worker should not sit out its poll.
+            while not self.stopping.is_set() and (remaining := deadline - time.monotonic()) > 0:
+                if notifications.wait(min(remaining, STOP_CHECK_SECONDS)):
+                    return
         except psycopg.Error as exc:
             log.warning("worker %s: the LISTEN connection broke (%s); polling until it is back", self.name, exc)
             notifications.close()

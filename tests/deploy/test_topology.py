@@ -4,9 +4,9 @@ workers, configured as the compose file configures them.
 
 Through it an SDK agent writes, the travel agent runs until it asks for approval, a reviewer
 decides and a worker resumes the thread at once (woken by NOTIFY on its direct LISTEN
-connection: the workers poll only every 30 s), and an admin forks the thread and a worker resumes
+connection: the workers poll only every 2 minutes), and an admin forks the thread and a worker resumes
 the fork. Stopping a server with SIGTERM lets its in-flight request finish and closes its sockets
-with 1012 (clients reconnect); stopping a worker ends it cleanly.
+with 1012 (clients reconnect); a worker stops at once and cleanly.
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ from tests.waiting import wait_until
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 PGBOUNCER_INI = ROOT / "deploy" / "pgbouncer.ini"
-# Longer than any wait below: a worker that is not woken by NOTIFY fails the test.
-WORKER_POLL_SECONDS = 30
+# Far longer than any wait below: a worker that is not woken by NOTIFY (or that sits out its poll
+# when told to stop) fails the test.
+WORKER_POLL_SECONDS = 120
+# What the waits below allow, on a loaded machine.
+PROMPTLY = 20
 
 
 def pgbouncer_binary() -> str:
@@ -241,9 +244,9 @@ def test_an_agent_a_decision_and_a_fork_run_through_pgbouncer_in_transaction_mod
     assert decided.status_code == 200, decided.text
     decided_at = time.monotonic()
     wait_until(lambda: Thread.objects.get(pk=trip.pk).status == ThreadStatus.COMPLETED,
-               what="a worker to resume and finish the trip", timeout=WORKER_POLL_SECONDS - 10,
+               what="a worker to resume and finish the trip", timeout=PROMPTLY,
                details=topology.workers.logs)  # fmt: skip
-    assert time.monotonic() - decided_at < WORKER_POLL_SECONDS - 10  # woken, not polled
+    assert time.monotonic() - decided_at < PROMPTLY  # woken, not polled
 
     # An admin forks the trip at its quote and resumes it: the fork asks for approval again.
     quote = Checkpoint.objects.get(thread=trip, label="search_flights")
@@ -252,7 +255,7 @@ def test_an_agent_a_decision_and_a_fork_run_through_pgbouncer_in_transaction_mod
                                                                           "resume": True})  # fmt: skip
     assert forked.status_code == 201, forked.text
     wait_until(lambda: ApprovalRequest.objects.filter(thread=trip, status=ApprovalStatus.PENDING).exists(),
-               what="a worker to resume the fork", timeout=WORKER_POLL_SECONDS - 10,
+               what="a worker to resume the fork", timeout=PROMPTLY,
                details=topology.workers.logs)  # fmt: skip
     fork_run = Run.objects.get(thread=trip, reason=RunReason.FORK)
     assert fork_run.status == RunStatus.COMPLETED
@@ -300,9 +303,9 @@ def test_sigterm_lets_a_servers_request_finish_and_closes_its_sockets_for_a_reco
     # After draining, uvicorn ends by the signal it was stopped with, as a process manager expects.
     assert server.wait(timeout=30) == -signal.SIGTERM
 
-    # The workers stop cleanly on SIGTERM too, without sitting out their 30 s poll.
+    # The workers stop cleanly on SIGTERM too, without sitting out their poll.
     for process in topology.workers.processes:
         asked = time.monotonic()
         assert topology.workers.stop(process) == 0, topology.workers.logs()
-        assert time.monotonic() - asked < 5
+        assert time.monotonic() - asked < PROMPTLY
     assert json.loads(httpx.get(f"{topology.url(0)}/healthz").text)["status"] in {"ok", "degraded"}

@@ -223,13 +223,15 @@ def has_management_command(name: str) -> bool:
 
 
 def require_test_tools() -> None:
-    """Stop before a long run whose browser or Redis tests could only fail: they never skip."""
+    """Stop before a long run whose browser, Redis or PgBouncer tests could only fail: they never skip."""
     chromium = os.environ.get("QUICKSAVE_CHROMIUM") or DEFAULT_CHROMIUM
     missing = []
     if not os.access(chromium, os.X_OK):
         missing.append(f"Chromium at {chromium}: apt-get install chromium, or set QUICKSAVE_CHROMIUM to a Chromium")
     if shutil.which("redis-server") is None:
         missing.append("redis-server on PATH: apt-get install redis-server")
+    if shutil.which("pgbouncer") is None:
+        missing.append("pgbouncer on PATH (the deployment test runs Quicksave through it): apt-get install pgbouncer")
     if missing:
         sys.exit("dev.py test needs " + "; and ".join(missing))
     os.environ["QUICKSAVE_CHROMIUM"] = chromium

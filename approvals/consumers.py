@@ -29,6 +29,8 @@ class InboxConsumer(live.EventConsumer):
     """`/ws/inbox/`: first an `inbox.sync` with the pending approval ids (a reconnecting client
     reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
 
+    feed = "inbox"
+
     async def connect(self) -> None:
         if (user := await self.signed_in()) is None:
             return

@@ -51,6 +51,7 @@ from checkpoints.serializers import (
     parse_checkpoint_body,
 )
 from checkpoints.storage.tool_results import get_tool_result, put_tool_result
+from quicksave import metrics
 from quicksave.api import CursorPage
 from quicksave_agents.auth import AgentPrincipal
 from quicksave_agents.models import Agent, Run
@@ -233,6 +234,7 @@ class CheckpointListView(APIView):
             tool_results=data.get("tool_results") or None,
             fence=data["fence"],
         )
+        metrics.checkpoint_payload_bytes_total.inc(len(checkpoint.payload))
         summary = checkpoint_summary(checkpoint, data.get("branch") or storage.get_branch_name(checkpoint.branch_id))
         return Response(summary, status=status.HTTP_201_CREATED)
 

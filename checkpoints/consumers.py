@@ -9,6 +9,7 @@ from channels.db import database_sync_to_async
 
 from checkpoints import live, storage
 from checkpoints.access import visible_threads
+from quicksave import logs
 
 REPLAY_BATCH = 500
 
@@ -39,8 +40,11 @@ class ThreadConsumer(live.EventConsumer):
     replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay.
     """
 
+    feed = "thread"
+
     async def connect(self) -> None:
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
+        logs.bind_thread(self.thread_id)  # this socket's task: every line it logs names the thread
         if (user := await self.signed_in()) is None:
             return
         if not await database_sync_to_async(_can_view)(user, self.thread_id):
@@ -86,6 +90,8 @@ class ThreadListConsumer(live.EventConsumer):
     """`/ws/threads/`: for the dashboard's thread list, `threads.changed` naming the threads that had
     events, once per publisher round. For people who may read every thread; an agent key lists its
     threads through the API."""
+
+    feed = "threads"
 
     async def connect(self) -> None:
         if (user := await self.signed_in()) is None:

@@ -26,7 +26,7 @@ import queue
 import threading
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 from uuid import UUID
@@ -40,7 +40,9 @@ from django.contrib.auth.models import User
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
+from opentelemetry.trace import SpanKind
 
+from quicksave import metrics, telemetry
 from quicksave_agents.models import AgentKey
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,7 @@ INBOX_GROUP = "inbox"
 THREADS_GROUP = "threads"
 _THREAD_GROUP_PREFIX = "thread."
 INBOX_TYPES = frozenset({"approval.requested", "approval.voted", "approval.escalated", "approval.decided"})
+CHECKPOINT_CREATED = "checkpoint.created"
 # At most this many queued events go out in one publisher round.
 BATCH = 200
 # A round waits this long after its first event for more to join it: a writer appending
@@ -244,9 +247,13 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
     or the process's re-check closes it with 4401.
     """
 
+    # What the socket follows, for the connections gauge: thread, threads or inbox.
+    feed = "events"
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.joined: list[str] = []
+        self._counted = False
         self.accepted = False
         self.closed = False
         # The re-check closes a socket from another task: a send must not interleave with it.
@@ -266,6 +273,20 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
                 await self.close(code=LIVE_UNAVAILABLE)
         finally:
             self._unwatch()  # however it ended (a cancelled consumer gets no disconnect)
+            if self._counted:
+                self._counted = False
+                metrics.websocket_connections.labels(feed=self.feed).dec()
+
+    async def dispatch(self, message: dict[str, Any]) -> None:
+        """Handle a channel message; one the publisher sent for traced writes is handled in a span
+        continuing the trace of the publisher's send."""
+        trace = message.get("trace")
+        if not trace:
+            await super().dispatch(message)
+            return
+        with telemetry.span("quicksave.websocket.push", carrier=trace, kind=SpanKind.CONSUMER,
+                            attributes={"quicksave.feed": self.feed}):  # fmt: skip
+            await super().dispatch(message)
 
     async def signed_in(self) -> Any | None:
         """The principal connecting (a person or an agent key), after noting the server's loop;
@@ -291,6 +312,9 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             await self.refuse(LIVE_UNAVAILABLE)
             return False
         _layer_outage.ended()
+        if not self._counted:
+            self._counted = True
+            metrics.websocket_connections.labels(feed=self.feed).inc()
         if sign_in is not None:
             self._watch = _current_watch()
             self._watch.add(self, sign_in)
@@ -398,17 +422,28 @@ def register_server_loop(loop: asyncio.AbstractEventLoop) -> None:
     _server_loop = loop
 
 
+@dataclass(frozen=True)
+class _Queued:
+    """An item on the publisher's queue: a message for `group`, when it was committed (for the
+    publish lag) and the trace context of the write that made it (empty without tracing)."""
+
+    group: str
+    payload: dict[str, Any]
+    committed: float = 0.0
+    trace: dict[str, str] = field(default_factory=dict)
+
+
 class _Publisher:
     """One thread per process that sends queued events, in order."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[tuple[str, dict[str, Any]]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def send(self, group: str, payload: dict[str, Any]) -> None:
+    def send(self, group: str, payload: dict[str, Any], *, trace: dict[str, str] | None = None) -> None:
         self._ensure_started()
-        self._queue.put((group, payload))
+        self._queue.put(_Queued(group, payload, time.monotonic(), trace or {}))
 
     def flush(self, timeout: float = 5.0) -> None:
         """Wait until everything queued so far has been sent (tests use it)."""
@@ -430,21 +465,21 @@ class _Publisher:
             # Whatever queued up while the last send was on its way goes out together: one
             # message per group instead of one per event, so a busy writer costs the
             # publisher (and the GIL it shares with the writer) a send per batch.
-            batches: dict[str, list[dict[str, Any]]] = {}
-            for group, payload in self._drain():
-                if _AS_IS in payload:
-                    self._send(get_channel_layer(), group, payload[_AS_IS], own_loop)
+            batches: dict[str, list[_Queued]] = {}
+            for item in self._drain():
+                if _AS_IS in item.payload:
+                    self._send(get_channel_layer(), item.group, item.payload[_AS_IS], own_loop)
                     continue
-                flushed = payload.get("__flush__")
+                flushed = item.payload.get("__flush__")
                 if flushed is None:
-                    batches.setdefault(group, []).append(payload)
+                    batches.setdefault(item.group, []).append(item)
                     continue
                 self._send_all(batches, own_loop)
                 batches = {}
                 flushed.set()
             self._send_all(batches, own_loop)
 
-    def _drain(self) -> list[tuple[str, dict[str, Any]]]:
+    def _drain(self) -> list[_Queued]:
         """The next queued item (waiting for one), then up to BATCH - 1 more queued by the end of
         the linger."""
         items = [self._queue.get()]
@@ -456,26 +491,40 @@ class _Publisher:
             pass
         return items
 
-    def _send_all(self, batches: dict[str, list[dict[str, Any]]], own_loop: asyncio.AbstractEventLoop) -> None:
+    def _send_all(self, batches: dict[str, list[_Queued]], own_loop: asyncio.AbstractEventLoop) -> None:
         layer = get_channel_layer() if batches else None
         if layer is None:
             return
-        for group, events in batches.items():
-            if len(events) == 1:
-                self._send(layer, group, {"type": "live.event", "event": events[0]}, own_loop)
-            else:
-                self._send(layer, group, {"type": "live.events", "events": events}, own_loop)
+        for group, items in batches.items():
+            events = [item.payload for item in items]
+            message: dict[str, Any] = (
+                {"type": "live.event", "event": events[0]}
+                if len(events) == 1
+                else {"type": "live.events", "events": events}
+            )
+            traces = [item.trace for item in items if item.trace]
+            with telemetry.span("quicksave.live.publish", carrier=traces[0] if traces else None, links=traces[1:],
+                                kind=SpanKind.PRODUCER, attributes={"quicksave.events": len(events)}):  # fmt: skip
+                if traces:
+                    # The sockets' server process continues the trace under this send (EventConsumer.dispatch).
+                    message["trace"] = telemetry.current_carrier()
+                sent = self._send(layer, group, message, own_loop)
+            if sent:
+                now = time.monotonic()
+                for item in items:
+                    metrics.live_publish_lag_seconds.observe(now - item.committed)
         # One message for the whole round tells the thread list which of its rows may have changed.
         changed = sorted(
-            events[0]["thread"] for group, events in batches.items() if group.startswith(_THREAD_GROUP_PREFIX)
+            items[0].payload["thread"] for group, items in batches.items() if group.startswith(_THREAD_GROUP_PREFIX)
         )
         if changed:
             self._send(layer, THREADS_GROUP, {"type": "live.threads", "threads": changed}, own_loop)
 
     @staticmethod
-    def _send(layer: Any, group: str, message: dict[str, Any], own_loop: asyncio.AbstractEventLoop) -> None:
+    def _send(layer: Any, group: str, message: dict[str, Any], own_loop: asyncio.AbstractEventLoop) -> bool:
+        """Send `message` to `group`; False (logged, counted) when the channel layer failed."""
         if layer is None:
-            return
+            return False
         send = layer.group_send(group, message)
         try:
             server_loop = _server_loop
@@ -484,11 +533,15 @@ class _Publisher:
             else:
                 own_loop.run_until_complete(send)
         except redis.RedisError as error:  # Redis down: clients catch up from the Event table
+            metrics.live_publish_failures_total.inc()
             _layer_outage.began(error)
         except Exception:
+            metrics.live_publish_failures_total.inc()
             log.warning("could not publish to %s", group, exc_info=True)
         else:
             _layer_outage.ended()
+            return True
+        return False
 
 
 _publisher = _Publisher()
@@ -498,15 +551,27 @@ def publish_on_commit(
     *, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any], agent: str | None = None
 ) -> None:
     """Send the event to its websocket groups once the current transaction commits."""
-    transaction.on_commit(functools.partial(publish, thread_id=thread_id, seq=seq, type=type, data=data, agent=agent))
+    # The writer's trace context, taken now: the commit may run its callbacks under another span.
+    transaction.on_commit(functools.partial(publish, thread_id=thread_id, seq=seq, type=type, data=data, agent=agent,
+                                            trace=telemetry.current_carrier()))  # fmt: skip
 
 
-def publish(*, thread_id: UUID | str, seq: int, type: str, data: dict[str, Any], agent: str | None = None) -> None:
+def publish(
+    *,
+    thread_id: UUID | str,
+    seq: int,
+    type: str,
+    data: dict[str, Any],
+    agent: str | None = None,
+    trace: dict[str, str] | None = None,
+) -> None:
     """Send a committed event to its websocket groups (publish_on_commit waits for the commit)."""
+    if type == CHECKPOINT_CREATED:
+        metrics.checkpoint_writes_total.inc()
     payload = message(thread_id=thread_id, seq=seq, type=type, data=data)
-    _publisher.send(thread_group(thread_id), payload)
+    _publisher.send(thread_group(thread_id), payload, trace=trace)
     if type in INBOX_TYPES:
-        _publisher.send(INBOX_GROUP, {**payload, "agent": agent})
+        _publisher.send(INBOX_GROUP, {**payload, "agent": agent}, trace=trace)
 
 
 def close_sockets_on_commit(group: str) -> None:

@@ -23,6 +23,7 @@ from rest_framework.parsers import BaseParser
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
 
+from quicksave import metrics
 from quicksave.errors import PAYLOAD_TOO_LARGE, DomainError, payload_too_large
 from quicksave.jsontext import UnstorableText, loads_strict
 from quicksave_agents.fencing import Fence
@@ -237,6 +238,8 @@ def _first_message(detail: Any, prefix: str = "") -> str:
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, DomainError):
+        if exc.status == status.HTTP_409_CONFLICT:
+            metrics.conflicts_total.labels(code=exc.code).inc()
         return error_response(exc.code, exc.message, exc.status, exc.detail)
     if isinstance(exc, RequestDataTooBig):
         exc = PayloadTooLarge()

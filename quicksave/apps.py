@@ -4,7 +4,10 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.contrib.admin import apps as admin_apps  # a module: its AdminConfig is no candidate here
+from django.core.signals import request_finished
 from django.db.models.signals import post_migrate
+
+from quicksave import logs, telemetry
 
 
 class QuicksaveConfig(AppConfig):
@@ -13,6 +16,9 @@ class QuicksaveConfig(AppConfig):
 
     def ready(self) -> None:
         post_migrate.connect(_sync_roles, dispatch_uid="quicksave.sync_roles")
+        request_finished.connect(logs.forget_request, dispatch_uid="quicksave.logs.forget_request")
+        # Before Django builds its middleware chain, so the Django instrumentation's is in it.
+        telemetry.configure()
 
 
 class QuicksaveAdminConfig(admin_apps.AdminConfig):

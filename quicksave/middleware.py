@@ -1,10 +1,15 @@
 """Request limits checked before any view runs (an over-long query string is a 414, not work, and
-a NUL in a Django admin filter is a 400 rather than the database's error), and the
-Content-Security-Policy every response carries."""
+a NUL in a Django admin filter is a 400 rather than the database's error), the
+Content-Security-Policy every response carries, and what operators see of each request: its id
+and thread on every log line, its latency and status in the metrics."""
 
 from __future__ import annotations
 
+import re
+import time
+import uuid
 from collections.abc import Callable
+from typing import Any
 
 from csp.middleware import CSPMiddleware, PolicyParts
 from django.conf import settings
@@ -12,7 +17,59 @@ from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
 
+from quicksave import logs, metrics
+
 ADMIN_PREFIX = "/admin/"
+# A request id a proxy in front may set; anything else is replaced by one of ours.
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
+REQUEST_ID_HEADER = "X-Request-ID"
+# The method label's values: anything else counts as "other", so a client cannot mint label values.
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
+class RequestContextMiddleware:
+    """Binds the request's id (the X-Request-ID a proxy sent, or a new one) and the thread its URL
+    names to every line logged while it is handled, and returns the id in X-Request-ID."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        sent = request.headers.get(REQUEST_ID_HEADER, "")
+        request_id = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+        # Not reset on the way out: Django logs a 4xx or 5xx (django.request) after the middleware
+        # has returned, and that line must name the request too. `request_finished` forgets them
+        # (logs.forget_request), once the server has closed the response.
+        logs.request_id.set(request_id)
+        logs.thread_id.set(None)
+        response = self.get_response(request)
+        response[REQUEST_ID_HEADER] = request_id
+        return response
+
+    def process_view(
+        self, request: HttpRequest, view_func: Callable[..., Any], view_args: Any, view_kwargs: dict[str, Any]
+    ) -> None:
+        if (thread := view_kwargs.get("thread_id")) is not None:
+            logs.bind_thread(thread)
+
+
+class RequestMetricsMiddleware:
+    """Counts each response and times it by the route pattern it matched (never the path, whose ids
+    would make a time series per thread)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        started = time.perf_counter()
+        response = self.get_response(request)
+        elapsed = time.perf_counter() - started
+        match = request.resolver_match
+        route = (match.route or match.view_name or "unnamed") if match is not None else "unmatched"
+        method = request.method if request.method in _METHODS else "other"
+        metrics.http_request_duration_seconds.labels(method=method, route=route).observe(elapsed)
+        metrics.http_responses_total.labels(method=method, route=route, status=str(response.status_code)).inc()
+        return response
 
 
 class QueryStringLimitMiddleware:

@@ -14,6 +14,7 @@ from csp.constants import NONE, SELF
 
 from quicksave.env import ConfigError, check_strong_secret, envbool, envint, envlist, envsecret, envstr
 from quicksave.keyring import new_master_key_entry, parse_keyring
+from quicksave.logs import logging_config
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(envstr("QUICKSAVE_VAR_DIR", str(BASE_DIR / "var")))
@@ -54,6 +55,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "quicksave.middleware.RequestContextMiddleware",
+    "quicksave.middleware.RequestMetricsMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "quicksave.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -86,6 +89,17 @@ TEMPLATES = [
 ]
 
 
+# Behind a pooler in transaction mode (PgBouncer's pool_mode = transaction), consecutive
+# transactions of one connection may run on different server connections: nothing may outlive a
+# transaction on the server. So psycopg does not prepare statements (a name prepared on one server
+# connection is unknown on the next) unless the pooler keeps them itself (PgBouncer >= 1.21 with
+# max_prepared_statements: DATABASE_PREPARED_STATEMENTS=true), and Django's iterator() reads
+# without the server-side cursors that outlive a transaction. LISTEN needs a session: the worker
+# and the runs/claim long-poll listen on DATABASE_LISTEN_URL, a direct connection to PostgreSQL.
+DATABASE_TRANSACTION_POOLING = envbool("DATABASE_TRANSACTION_POOLING", False)
+DATABASE_PREPARED_STATEMENTS = envbool("DATABASE_PREPARED_STATEMENTS", not DATABASE_TRANSACTION_POOLING)
+
+
 def database_from_url(url: str) -> dict[str, Any]:
     """Turn postgresql://user:pass@host:port/name?options into a Django DATABASES entry."""
     parsed = urlparse(url)
@@ -110,9 +124,17 @@ def database_from_url(url: str) -> dict[str, Any]:
         # psycopg prepares each on a connection once it has run `prepare_threshold` times.
         # Under ASGI each request runs in its own thread, so without a pool every request would
         # open a new connection (and prepare again); the pool hands it a warm one instead.
-        "OPTIONS": {"server_side_binding": True, "prepare_threshold": 5, **pool, **query},
+        # Unnamed server-side statements are safe in transaction pooling; prepared (named) ones
+        # are only when the pooler tracks them (see DATABASE_TRANSACTION_POOLING above).
+        "OPTIONS": {
+            "server_side_binding": True,
+            "prepare_threshold": 5 if DATABASE_PREPARED_STATEMENTS else None,
+            **pool,
+            **query,
+        },
         "CONN_MAX_AGE": 0 if pool else envint("DATABASE_CONN_MAX_AGE", 60, minimum=0),
         "CONN_HEALTH_CHECKS": not pool,
+        "DISABLE_SERVER_SIDE_CURSORS": DATABASE_TRANSACTION_POOLING,
         "TEST": {"NAME": envstr("DATABASE_TEST_NAME") or None},
     }
 
@@ -124,6 +146,14 @@ if EMBEDDED_DATABASE:
 
     DATABASE_URL = embedded_database_url(VAR_DIR)
 DATABASES = {"default": database_from_url(DATABASE_URL)}
+DATABASE_LISTEN_URL = envstr("DATABASE_LISTEN_URL")
+if DATABASE_TRANSACTION_POOLING and not DATABASE_LISTEN_URL:
+    raise ConfigError(
+        "DATABASE_LISTEN_URL must be set with DATABASE_TRANSACTION_POOLING: LISTEN needs a direct connection to "
+        "PostgreSQL (through a transaction pooler the worker would never be woken by NOTIFY)"
+    )
+# The connection that LISTENs for queued runs: DATABASE_LISTEN_URL, else DATABASE_URL's.
+DATABASE_LISTEN = database_from_url(DATABASE_LISTEN_URL) if DATABASE_LISTEN_URL else DATABASES["default"]
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL")
@@ -284,12 +314,18 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = QUICKSAVE_MAX_REQUEST_BYTES
 
 TESTING = "pytest" in sys.modules or os.environ.get("QUICKSAVE_TESTING") == "1"
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
-}
+# Log lines (quicksave/logs.py): JSON objects in production, plain text otherwise, each naming its
+# request and thread.
+QUICKSAVE_LOG_FORMAT = envstr("QUICKSAVE_LOG_FORMAT", "json" if QUICKSAVE_PRODUCTION else "text")
+if QUICKSAVE_LOG_FORMAT not in {"json", "text"}:
+    raise ConfigError(f"QUICKSAVE_LOG_FORMAT must be json or text, got {QUICKSAVE_LOG_FORMAT!r}")
+LOGGING = logging_config(json_lines=QUICKSAVE_LOG_FORMAT == "json", level=envstr("LOG_LEVEL", "INFO"))
+
+# Metrics (quicksave/metrics.py, quicksave/scrape.py): GET /metrics with this bearer token; unset,
+# /metrics answers 404. run_agents --metrics-port serves a worker's own on an internal address.
+QUICKSAVE_METRICS_TOKEN = envstr("QUICKSAVE_METRICS_TOKEN")
+if QUICKSAVE_PRODUCTION and QUICKSAVE_METRICS_TOKEN and len(QUICKSAVE_METRICS_TOKEN) < 32:
+    raise ConfigError("QUICKSAVE_METRICS_TOKEN must be at least 32 characters long in production")
 
 # Every response forbids inline scripts and styles and anything from another origin: templates
 # keep their styles in static/css and their scripts in static/js (see ContentSecurityPolicyMiddleware).

@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from quicksave.health import healthz
+from quicksave.scrape import metrics_view
 from quicksave.signin import ThrottledLoginView
 
 
@@ -19,6 +20,7 @@ def favicon(request: HttpRequest) -> HttpResponse:
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
+    path("metrics", metrics_view, name="metrics"),
     # Pages that do not link an icon (the Django admin's) get the browser's default request answered.
     path("favicon.ico", favicon),
     path("api/v1/", include("checkpoints.urls")),

@@ -42,6 +42,7 @@ def run_data(run: Run) -> dict[str, Any]:
         "lease_expires_at": run.lease_expires_at.isoformat() if run.lease_expires_at else None,
         "fence": Fence(run.pk, run.attempts).token if run.attempts else None,
         "approval": approval_data(run.approval) if run.approval_id and run.approval else None,
+        "trace_context": run.trace_context or {},
     }
 
 
@@ -80,6 +81,11 @@ class RunSchemaSerializer(serializers.Serializer[Any]):
         allow_null=True, help_text="This claim's fence token: send it with every write the run makes."
     )
     approval = ApprovalSchemaSerializer(allow_null=True)
+    trace_context = serializers.DictField(
+        child=serializers.CharField(),
+        help_text="The W3C trace context (traceparent, tracestate) of the request that queued the run, for the "
+        "agent's resume to continue; empty when the server does not trace.",
+    )
 
 
 RUN_ENVELOPE = inline_serializer("RunEnvelope", {"run": RunSchemaSerializer()})

@@ -115,6 +115,10 @@ class Run(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The W3C trace context (traceparent, tracestate) of the request that queued the run, so its
+    # resume continues that trace; empty without tracing (quicksave.telemetry). Nullable, so the
+    # previous release, which does not know the column, still queues runs during an upgrade.
+    trace_context = models.JSONField(default=dict, blank=True, null=True)
 
     class Meta:
         ordering = ["created_at"]

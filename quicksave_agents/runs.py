@@ -10,7 +10,7 @@ idle workers wake at once instead of polling.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -21,6 +21,7 @@ from psycopg.conninfo import make_conninfo
 
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import record_event
+from quicksave import metrics, telemetry
 from quicksave.errors import DomainError
 from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
@@ -35,9 +36,13 @@ class RunFinished(DomainError):
 
 def enqueue_run(*, thread: Thread, checkpoint: Checkpoint, reason: str, approval: Any = None) -> Run:
     """Queue a resume of `thread` from `checkpoint`; call inside the transaction that causes it."""
+    # The run carries the trace of the request that queued it (a decision, a fork), so the resume
+    # that claims it continues that trace in another process.
     run = Run.objects.create(
-        agent_id=thread.agent_id, thread=thread, checkpoint=checkpoint, reason=reason, approval=approval
-    )
+        agent_id=thread.agent_id, thread=thread, checkpoint=checkpoint, reason=reason, approval=approval,
+        trace_context=telemetry.current_carrier(),
+    )  # fmt: skip
+    transaction.on_commit(metrics.runs_queued_total.labels(reason=reason).inc)
     record_event(thread=thread, type="run.queued", data={"run": str(run.pk), "reason": reason,
                                                          "checkpoint": str(checkpoint.pk)})  # fmt: skip
     agent_name = Agent.objects.values_list("name", flat=True).get(pk=thread.agent_id)
@@ -75,7 +80,21 @@ def claim_run(*, agents: Iterable[Agent], worker: str, lease_seconds: int | None
             type="run.claimed",
             data={"run": str(run.pk), "worker": worker, "attempt": run.attempts, "recovered": recovered},
         )
+    _count_claim(run, recovered=recovered, claimed_at=now)
     return run
+
+
+def _count_claim(run: Run, *, recovered: bool, claimed_at: datetime) -> None:
+    """Metrics of a committed claim: a first claim measures the queue's wait (and, for a decided
+    approval, decision to resume: the run is queued in the decision's transaction)."""
+    metrics.runs_claimed_total.labels(reason=run.reason).inc()
+    if recovered:
+        metrics.runs_lost_total.inc()
+    elif run.attempts == 1:
+        waited = max(0.0, (claimed_at - run.created_at).total_seconds())
+        metrics.run_queue_wait_seconds.labels(reason=run.reason).observe(waited)
+        if run.reason == RunReason.APPROVAL:
+            metrics.decision_to_resume_seconds.observe(waited)
 
 
 def fence_of(run: Run) -> Fence:
@@ -123,13 +142,38 @@ def finish_run(*, run: Run, worker: str, status: str, error: str = "", fence: Fe
     return locked
 
 
+def release_run(*, run: Run, worker: str, fence: Fence | None = None) -> Run:
+    """Hand a run this worker holds back to the queue, at once and not when its lease runs out: the
+    worker is stopping (SIGTERM) between two steps. The next claim, woken by NOTIFY, goes on from
+    the last checkpoint the run committed. LeaseLost when another attempt holds it now."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if (
+            locked.status != RunStatus.RUNNING
+            or locked.claimed_by != worker
+            or (fence is not None and fence.attempt != locked.attempts)
+        ):
+            raise LeaseLost(f"Run {run.pk} is not held by {worker} any more.", detail={"run": str(run.pk)})
+        locked.status = RunStatus.QUEUED
+        locked.claimed_by = ""
+        locked.lease_expires_at = None
+        locked.save(update_fields=["status", "claimed_by", "lease_expires_at"])
+        record_event(thread=locked.thread_id, type="run.released", data={"run": str(locked.pk), "worker": worker})
+        agent_name = Agent.objects.values_list("name", flat=True).get(pk=locked.agent_id)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_notify(%s, %s)", [CHANNEL, agent_name])
+    return locked
+
+
 class RunNotifications:
     """A LISTEN on `quicksave_runs` over a connection of its own (LISTEN must sit outside
-    Django's transactions). Open it before looking for work, so a run queued between
-    the look and the wait still wakes the waiter."""
+    Django's transactions), to settings.DATABASE_LISTEN: PostgreSQL itself even when the other
+    queries go through a transaction pooler, which would hand the LISTEN's session to someone else.
+    Open it before looking for work, so a run queued between the look and the wait still wakes
+    the waiter. (NOTIFY, sent inside the queuing transaction, works through a pooler.)"""
 
     def __init__(self) -> None:
-        db = settings.DATABASES["default"]
+        db = settings.DATABASE_LISTEN
         self._conninfo = make_conninfo(
             dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
             host=db["HOST"] or None, port=db["PORT"] or None,
@@ -165,5 +209,5 @@ class RunNotifications:
 
 __all__ = [
     "LeaseLost", "RunFinished", "RunNotifications", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
-    "heartbeat",
+    "heartbeat", "release_run",
 ]  # fmt: skip

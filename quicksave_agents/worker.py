@@ -3,7 +3,9 @@
 Woken by NOTIFY when a run is queued (polling only as a fallback), it keeps each
 claimed run's lease alive with heartbeats from a side thread, and expires overdue
 approvals as it goes. Killing it at any moment loses nothing acknowledged: its run's
-lease runs out and another worker (or this one, restarted) claims the run again.
+lease runs out and another worker (or this one, restarted) claims the run again. Stopping it
+(SIGTERM) is quicker for everyone: the run in hand stops before its next step or tool call and
+is handed back to the queue, where another worker claims it at once.
 A worker that wakes after losing its lease (frozen, partitioned) stops the run where it
 is: the runtime asks `_Heartbeat.held` before each step and tool call, and the database
 refuses the attempt's writes anyway (quicksave_agents.fencing). Nothing a run does ends the worker.
@@ -24,11 +26,23 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from approvals.services import expire_due
+from quicksave import logs, telemetry
 from quicksave_agents import runtime
 from quicksave_agents.models import Agent, Run, RunStatus
-from quicksave_agents.runs import LeaseLost, RunFinished, RunNotifications, claim_run, fence_of, finish_run, heartbeat
+from quicksave_agents.runs import (
+    LeaseLost,
+    RunFinished,
+    RunNotifications,
+    claim_run,
+    fence_of,
+    finish_run,
+    heartbeat,
+    release_run,
+)
 
 log = logging.getLogger(__name__)
+# How soon an idle worker notices it was told to stop.
+STOP_CHECK_SECONDS = 0.5
 
 
 def load_agent_modules(modules: Iterable[str] | None = None) -> dict[str, type[runtime.Agent]]:
@@ -113,8 +127,12 @@ class Worker:
         """Wait for a run to be queued, or the poll interval. A LISTEN connection that broke (a
         restart or failover of PostgreSQL, an idle-connection reaper) is opened again next time."""
         log.debug("worker %s: idle, waiting up to %g s for a run", self.name, self.poll_seconds)
+        deadline = time.monotonic() + self.poll_seconds
         try:
-            notifications.wait(self.poll_seconds)
+            # In slices: SIGTERM only sets `stopping`, and a stopping worker should not sit out its poll.
+            while not self.stopping.is_set() and (remaining := deadline - time.monotonic()) > 0:
+                if notifications.wait(min(remaining, STOP_CHECK_SECONDS)):
+                    return
         except psycopg.Error as exc:
             log.warning("worker %s: the LISTEN connection broke (%s); polling until it is back", self.name, exc)
             notifications.close()
@@ -126,22 +144,47 @@ class Worker:
         run = claim_run(agents=self.agents(), worker=self.name, lease_seconds=self.lease_seconds)
         if run is None:
             return False
+        # The resume continues the trace of the request that queued the run (a decision, a fork).
+        attributes: dict[str, str | int] = {"quicksave.run": str(run.pk), "quicksave.run.reason": run.reason,
+                      "quicksave.thread": str(run.thread_id), "quicksave.run.attempt": run.attempts}  # fmt: skip
+        with logs.bound(thread=run.thread_id), telemetry.span("quicksave.run.resume", carrier=run.trace_context,
+                                                              attributes=attributes):  # fmt: skip
+            self._drive(run)
+        return True
+
+    def _drive(self, run: Run) -> None:
         beat = _Heartbeat(run, self.name, self.lease_seconds)
         beat.start()
+
+        def go_on() -> bool:
+            # Asked before each step and tool call: a stopping worker ends the run there.
+            return beat.held() and not self.stopping.is_set()
+
         try:
-            outcome = runtime.execute(run, lease_held=beat.held)
+            outcome = runtime.execute(run, lease_held=go_on)
         except (Exception, SystemExit) as exc:  # whatever a run raises ends the run, not the worker
             log.exception("run %s crashed", run.pk)
             beat.stopped.set()
             self._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
-            return True
+            return
         beat.stopped.set()
+        if outcome == "lease_lost" and self.stopping.is_set() and beat.held():
+            self._hand_back(run)
+            return
         log.info("run %s (%s) of thread %s: %s", run.pk, run.reason, run.thread_id, outcome)
         if outcome == "lease_lost":
-            return True  # another attempt holds the run; closing it is that attempt's business
+            return  # another attempt holds the run; closing it is that attempt's business
         status = {"failed": RunStatus.FAILED, "cancelled": RunStatus.CANCELLED}.get(outcome, RunStatus.COMPLETED)
         self._finish(run, status, "the agent failed" if outcome == "failed" else "")
-        return True
+
+    def _hand_back(self, run: Run) -> None:
+        """The worker is stopping mid-run: give the run back to the queue for another worker."""
+        try:
+            release_run(run=run, worker=self.name, fence=fence_of(run))
+        except LeaseLost:
+            log.warning("run %s: lease lost before it could be handed back", run.pk)
+            return
+        log.info("run %s of thread %s handed back: worker %s is stopping", run.pk, run.thread_id, self.name)
 
     def _finish(self, run: Run, status: str, error: str) -> None:
         try:

@@ -121,7 +121,7 @@ async def test_a_missed_live_event_is_filled_in_from_the_table(application: Any)
         storage.append_checkpoint(thread=thread, parent=first, state={"i": 2})
 
     sent = live._publisher.send
-    live._publisher.send = lambda group, payload: None  # type: ignore[method-assign]
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
     try:
         await sync_to_async(write_two)()
     finally:

@@ -15,9 +15,9 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     publisher = live._Publisher()
     rounds: list[dict[str, list[int]]] = []
 
-    def record(batches: dict[str, list[dict[str, Any]]], own_loop: Any) -> None:
+    def record(batches: dict[str, list[Any]], own_loop: Any) -> None:
         if batches:
-            rounds.append({group: [event["seq"] for event in events] for group, events in batches.items()})
+            rounds.append({group: [item.payload["seq"] for item in items] for group, items in batches.items()})
 
     monkeypatch.setattr(publisher, "_send_all", record)
     publisher.flush()  # the thread is up and waiting

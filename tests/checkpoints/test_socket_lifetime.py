@@ -46,7 +46,7 @@ def application() -> Any:
 def close_messages_lost() -> Iterator[None]:
     """Nothing the publisher sends arrives: as when Redis was down at the moment of the revoke."""
     sent = live._publisher.send
-    live._publisher.send = lambda group, payload: None  # type: ignore[method-assign]
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
     yield
     live._publisher.send = sent  # type: ignore[method-assign]
 

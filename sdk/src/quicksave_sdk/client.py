@@ -1,15 +1,21 @@
 """The Quicksave client: threads, checkpoints sent as client-computed patches, the tool-call log,
-approvals and runs, over the REST API v1 with one keep-alive HTTP connection pool."""
+approvals and runs, over the REST API v1 with one keep-alive HTTP connection pool.
+
+Where the OpenTelemetry API is installed, every request carries the caller's trace context
+(`traceparent`), so the server's spans join the agent's trace, and `serve` handles each run in a
+span continuing the trace of the request that queued it; without it, nothing is sent.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
@@ -20,9 +26,35 @@ import httpx
 from quicksave_sdk.errors import CallInDoubt, LeaseLost, NotFound, error_from_response
 from quicksave_sdk.jsonpatch import make_patch
 
+try:  # optional: an agent that traces has the OpenTelemetry API installed
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - exercised where the API is absent
+    _propagate = None  # type: ignore[assignment]
+    _trace = None  # type: ignore[assignment]
+
 __version__ = "0.2.0"
 API = "/api/v1"
 log = logging.getLogger("quicksave_sdk")
+
+
+def _send_trace_context(request: httpx.Request) -> None:
+    """httpx's request hook: the current trace context as W3C headers (none outside a span)."""
+    if _propagate is not None:
+        _propagate.inject(request.headers)
+
+
+@contextlib.contextmanager
+def _continuing(run: Run) -> Iterator[None]:
+    """A span for handling `run`, continuing the trace of the request that queued it."""
+    if _trace is None or _propagate is None:
+        yield
+        return
+    parent = _propagate.extract(run.trace_context) if run.trace_context else None
+    tracer = _trace.get_tracer("quicksave_sdk", __version__)
+    attributes = {"quicksave.run": run.id, "quicksave.run.reason": run.reason, "quicksave.thread": run.thread_id}
+    with tracer.start_as_current_span("quicksave_sdk.run", context=parent, attributes=attributes):
+        yield
 
 
 def tool_key(name: str, args: Any) -> str:
@@ -157,6 +189,7 @@ class Client:
                      "User-Agent": f"quicksave-sdk/{__version__}"},
             timeout=timeout,
             transport=transport,
+            event_hooks={"request": [_send_trace_context]},
         )  # fmt: skip
 
     def close(self) -> None:
@@ -248,7 +281,7 @@ class Client:
             if run is None:
                 continue
             handled += 1
-            with run.keeping_lease():
+            with run.keeping_lease(), _continuing(run):
                 try:
                     handle(run)
                 except LeaseLost as lost:
@@ -436,6 +469,8 @@ class Run:
         self.checkpoint_id: str = data["checkpoint"]
         self.reason: str = data["reason"]
         self.approval = Approval.from_json(data["approval"]) if data.get("approval") else None
+        # The trace of the request that queued the run (a decision, say): `serve` continues it.
+        self.trace_context: dict[str, str] = data.get("trace_context") or {}
         self._absorb(data)
 
     def _absorb(self, data: dict[str, Any]) -> None:

@@ -229,6 +229,7 @@ def test_a_decision_and_the_workers_resume_of_the_thread_are_one_trace(
     assert response.status_code == 200, response.text
     run = Run.objects.get(thread=thread, reason=RunReason.APPROVAL)
     trace_id = format(decide.get_span_context().trace_id, "032x")
+    assert run.trace_context is not None
     assert run.trace_context["traceparent"].split("-")[1] == trace_id
 
     def resumed() -> bool:

@@ -9,11 +9,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from quicksave import background
 from quicksave_agents.worker import Worker
 
 
 class Command(BaseCommand):
-    help = "Run in-process agents: claim queued runs (woken by NOTIFY), drive each agent, repeat."
+    help = (
+        "Run in-process agents: claim queued runs (woken by NOTIFY), drive each agent, repeat; and beside them the "
+        "background services apps register (the notifications dispatcher)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--agent", action="append", dest="agents", help="Only these agents (repeatable)")
@@ -21,6 +25,9 @@ class Command(BaseCommand):
         parser.add_argument("--poll", type=float, default=5.0, help="Seconds between polls when no NOTIFY comes")
         parser.add_argument("--once", action="store_true", help="Drive queued runs until none is left, then exit")
         parser.add_argument("--name", default=None, help="Worker name shown on claimed runs")
+        parser.add_argument(
+            "--no-services", action="store_true", help="Run no background service (the notifications dispatcher)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -35,5 +42,7 @@ class Command(BaseCommand):
                 pass
             return
         signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
+        if not options["no_services"]:
+            background.start_all(worker.stopping)
         with contextlib.suppress(KeyboardInterrupt):
             worker.run_forever()

@@ -41,7 +41,7 @@ def endpoint_rows() -> list[EndpointRow]:
         .distinct("endpoint_id").defer("body")
     }  # fmt: skip
     return [
-        EndpointRow(endpoint=endpoint, pending=endpoint.pending, failed_today=endpoint.failed_today,  # type: ignore[attr-defined]
+        EndpointRow(endpoint=endpoint, pending=endpoint.pending, failed_today=endpoint.failed_today,
                     last=latest.get(endpoint.pk))
         for endpoint in endpoints
     ]  # fmt: skip

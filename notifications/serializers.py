@@ -145,7 +145,10 @@ class EndpointWriteSerializer(StrictSerializer):
     decision_links = serializers.BooleanField(
         required=False, default=False, help_text="Messages carry single-use links to approve or reject from them."
     )
-    subscriptions = SubscriptionSerializer(many=True, required=False, default=list, max_length=MAX_SUBSCRIPTIONS)
+    # `many=True` makes a ListSerializer, which takes max_length (the stubs know only the child's arguments).
+    subscriptions = SubscriptionSerializer(  # type: ignore[call-arg]
+        many=True, required=False, default=list, max_length=MAX_SUBSCRIPTIONS
+    )
 
     def __init__(self, *args: Any, endpoint: Endpoint | None = None, **kwargs: Any) -> None:
         self.endpoint = endpoint

@@ -13,12 +13,16 @@ from typing import Any
 import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
 from approvals.services import request_approval
 from checkpoints import storage
 from checkpoints.storage.tool_results import put_tool_result
+from notifications import dispatch
+from notifications.endpoints import SubscriptionSpec, create_endpoint
+from notifications.models import Delivery
 from quicksave_agents import runs, tool_calls
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.conftest import handshake, person
@@ -28,12 +32,15 @@ PRINCIPALS = (OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS)
 ACCEPT = "accept"
 
 CHECKPOINT = {"parent": "{head}", "state": {"n": 3}}
+CHANNEL = {"name": "new", "kind": "webhook", "url": "https://hooks.example.com/q"}
+CHANNEL_FORM = {"name": "new", "kind": "email", "recipients": "a@example.com", "events": "approval.requested"}
 APPROVAL = {"checkpoint": "{head}", "action": "pay"}
 
 # (method, path, body): statuses for owner key, foreign key, viewer, reviewer, admin, anonymous.
 # The thread belongs to the owner key's agent; it has checkpoints {first} -> {head}, a pending
 # approval on {head}, a cached tool result "{tool}", a call started without a result "{call}" and a
-# run leased to the owner key.
+# run leased to the owner key; a notification endpoint "{endpoint}" with a subscription "{subscription}" and
+# a delivery "{delivery}" of the approval's request, whose message carries the decision link "{token}".
 API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/", None, (200, 200, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/", {"agent": "travel", "external_id": "new"}, (201, 403, 403, 403, 201, 401)),
@@ -61,6 +68,15 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("POST", "/api/v1/runs/{run}/heartbeat/", {}, (200, 404, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/complete/", {}, (200, 404, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/fail/", {"error": "boom"}, (200, 404, 403, 403, 403, 401)),
+    ("GET", "/api/v1/notifications/endpoints/", None, (403, 403, 403, 403, 200, 401)),
+    ("POST", "/api/v1/notifications/endpoints/", CHANNEL, (403, 403, 403, 403, 201, 401)),
+    ("GET", "/api/v1/notifications/endpoints/{endpoint}/", None, (403, 403, 403, 403, 200, 401)),
+    ("PATCH", "/api/v1/notifications/endpoints/{endpoint}/", {"enabled": False}, (403, 403, 403, 403, 200, 401)),
+    ("DELETE", "/api/v1/notifications/endpoints/{endpoint}/", None, (403, 403, 403, 403, 204, 401)),
+    ("POST", "/api/v1/notifications/endpoints/{endpoint}/rotate-secret/", None, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/notifications/deliveries/", None, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/notifications/deliveries/{delivery}/", None, (403, 403, 403, 403, 200, 401)),
+    ("POST", "/api/v1/notifications/deliveries/{delivery}/redeliver/", None, (403, 403, 403, 403, 201, 401)),
 ]  # fmt: skip
 
 # Pages use the session only: an agent key opens no page (it is sent to the login page).
@@ -85,6 +101,21 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
     ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),
     ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/notifications/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/new/", CHANNEL_FORM, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/{endpoint}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/", {"name": "ops"}, (302, 302, 403, 403, 302, 302)),
+    ("POST", "/notifications/{endpoint}/subscriptions/", {"events": "thread.failed"}, (302, 302, 403, 403, 302, 302)),
+    ("POST", "/notifications/{endpoint}/subscriptions/{subscription}/remove/", {}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/{endpoint}/secret/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/secret/", {}, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/notifications/{endpoint}/delete/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/delete/", {}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/deliveries/{delivery}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/deliveries/{delivery}/send-again/", {}, (302, 302, 403, 403, 302, 302)),
+    # A decision link: anyone who may decide, once signed in (an agent key is no sign-in).
+    ("GET", "/notifications/decide/{token}/", None, (302, 302, 403, 200, 200, 302)),
+    ("POST", "/notifications/decide/{token}/", {}, (302, 302, 403, 302, 302, 302)),
 ]  # fmt: skip
 
 # Websockets: ACCEPT, or the close code the consumer answers with.
@@ -133,11 +164,18 @@ def build_world() -> World:
     head = storage.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
     put_tool_result(thread=thread, key="search-1", result={"hits": 3}, checkpoint=head)
     tool_calls.begin(thread_id=thread.pk, key="call-1", tool="send", args={"to": "a@b.c"})
+    endpoint, _ = create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", decision_links=True,
+                                  subscriptions=[SubscriptionSpec(events=["approval.requested"])],
+                                  actor=User.objects.create_user("world-admin"))  # fmt: skip
     approval = request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})
+    dispatch.fan_out()
+    delivery = Delivery.objects.get()
     runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
     run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
     assert run is not None
-    ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk}
+    ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
+           "endpoint": endpoint.pk, "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
+           "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2]}  # fmt: skip
     return World(
         ids={
             **{name: str(value) for name, value in ids.items()},

@@ -165,6 +165,7 @@ def test_only_admins_configure_notifications(role: str, admin: User) -> None:
     endpoint, _ = webhook(admin, "https://x.test/hook")
     client = api_as(person(f"someone-{role}", role))
     assert send(client, "GET", ENDPOINTS).status_code == 403
-    assert send(client, "POST", ENDPOINTS, {"name": "x", "kind": "webhook", "url": "https://x.test/"}).status_code == 403
+    new = {"name": "x", "kind": "webhook", "url": "https://x.test/"}
+    assert send(client, "POST", ENDPOINTS, new).status_code == 403
     assert send(client, "DELETE", f"{ENDPOINTS}{endpoint.pk}/").status_code == 403
     assert Endpoint.objects.count() == 1

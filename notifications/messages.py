@@ -177,15 +177,39 @@ def slack_bytes(body: dict[str, Any]) -> bytes:
 
 
 def email_parts(body: dict[str, Any]) -> tuple[str, str, str]:
-    """The subject, plain text and HTML of the email for a notice (templates/notifications/email/)."""
+    """The subject, plain text and HTML of the email for a notice. The HTML comes from
+    templates/notifications/email/notice.html, autoescaped; plain text is not markup, so it is
+    written here rather than through a template with escaping turned off."""
     approval = body.get("approval")
-    context = {
-        "body": body,
-        "headline": headline(body),
-        "approval": approval,
-        "args_text": _args_text(approval) if approval and approval["kind"] == ApprovalKind.APPROVAL else "",
-    }
-    subject = " ".join(render_to_string("notifications/email/subject.txt", context).split())
-    text = render_to_string("notifications/email/notice.txt", context)
+    args_text = _args_text(approval) if approval and approval["kind"] == ApprovalKind.APPROVAL else ""
+    title = headline(body)
+    context = {"body": body, "headline": title, "approval": approval, "args_text": args_text}
     html = render_to_string("notifications/email/notice.html", context)
-    return f"[Quicksave] {subject}", text, html
+    return f"[Quicksave] {' '.join(title.split())}", _email_text(body, title, args_text), html
+
+
+def _email_text(body: dict[str, Any], title: str, args_text: str) -> str:
+    approval, thread = body.get("approval"), body["thread"]
+    lines = [title, "", f"Agent:   {body['agent']}", f"Thread:  {thread['label']} ({thread['status']})"]
+    if approval:
+        lines += [f"Action:  {approval['action']}", f"Risk:    {approval['risk']}"]
+        if approval.get("expires_at"):
+            lines.append(f"Expires: {approval['expires_at']}")
+        if approval.get("message"):
+            lines += ["", approval["message"]]
+        if args_text:
+            lines += ["", "Arguments:", args_text]
+        lines += ["", f"Open it in Quicksave (sign in first if asked): {approval['url']}"]
+        decide = approval.get("decide")
+        if decide:
+            lines += [
+                "",
+                f"Or decide from here (each link works once, until {decide['expires_at']}; "
+                "you confirm after signing in):",
+                f"  Approve: {decide['approve']}",
+                f"  Reject:  {decide['reject']}",
+            ]
+    else:
+        lines += ["", f"Open the thread in Quicksave: {thread['url']}"]
+    lines += ["", "--", f"Quicksave sent this because a notification channel subscribes to {body['type']}."]
+    return "\n".join(lines) + "\n"

@@ -24,6 +24,7 @@ import queue
 import random
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -33,7 +34,7 @@ import psycopg
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import close_old_connections, connection, connections, transaction
-from django.db.models import Exists, Min, OuterRef, Prefetch
+from django.db.models import Min
 from django.utils import timezone
 from psycopg.conninfo import make_conninfo
 
@@ -67,6 +68,8 @@ BATCH = 200
 LEASE_MARGIN_SECONDS = 30
 BACKOFF_CAP_SECONDS = 3600
 PURGE_EVERY_SECONDS = 3600
+# Deadlines are looked for this often (and not on every wake, which is on a request's way to its webhook).
+EXPIRING_EVERY_SECONDS = 5.0
 # Notices that carry decision links, when the endpoint hands them out.
 DECIDABLE = (Notice.APPROVAL_REQUESTED, Notice.APPROVAL_EXPIRING, Notice.APPROVAL_ESCALATED)
 
@@ -82,22 +85,35 @@ def notice_of(event_type: str, data: dict[str, Any]) -> str | None:
     return None
 
 
-def wants(endpoint: Endpoint, *, notice: str, agent: str, action: str | None, risk: str | None) -> bool:
-    """Whether any of the endpoint's subscriptions asks for this notice (subscriptions prefetched)."""
-    for subscription in endpoint.subscriptions.all():
-        if notice not in subscription.events or (subscription.agents and agent not in subscription.agents):
-            continue
-        if action is not None and subscription.actions and action not in subscription.actions:
-            continue
-        if risk is not None and subscription.risks and risk not in subscription.risks:
-            continue
-        return True
-    return False
+@dataclass(frozen=True)
+class Target:
+    """An enabled endpoint with its subscriptions."""
+
+    endpoint: Endpoint
+    subscriptions: tuple[Subscription, ...]
+
+    def wants(self, *, notice: str, agent: str, action: str | None, risk: str | None) -> bool:
+        """Whether any subscription asks for this notice (action and risk narrow approval notices only)."""
+        for subscription in self.subscriptions:
+            if notice not in subscription.events or (subscription.agents and agent not in subscription.agents):
+                continue
+            if action is not None and subscription.actions and action not in subscription.actions:
+                continue
+            if risk is not None and subscription.risks and risk not in subscription.risks:
+                continue
+            return True
+        return False
 
 
-def _enabled_endpoints() -> list[Endpoint]:
-    subscriptions = Prefetch("subscriptions", queryset=Subscription.objects.order_by("id"))
-    return list(Endpoint.objects.filter(enabled=True).prefetch_related(subscriptions))
+def _targets(notice: str | None = None) -> list[Target]:
+    """The enabled endpoints with their subscriptions (to `notice`, if given), in one query."""
+    subscriptions = Subscription.objects.filter(endpoint__enabled=True).select_related("endpoint").order_by("id")
+    if notice is not None:
+        subscriptions = subscriptions.filter(events__contains=[notice])
+    grouped: dict[Any, list[Subscription]] = {}
+    for subscription in subscriptions:
+        grouped.setdefault(subscription.endpoint_id, []).append(subscription)
+    return [Target(endpoint=found[0].endpoint, subscriptions=tuple(found)) for found in grouped.values()]
 
 
 def _fan_out_lock() -> bool:
@@ -134,24 +150,33 @@ def fan_out(*, limit: int = BATCH) -> int:
     with transaction.atomic():
         if not _fan_out_lock():
             return 0  # another dispatcher is fanning out; it takes these too
-        rows = list(QueuedEvent.objects.order_by("id")[:limit])
+        # Taken off the queue as they are read: one statement, and this transaction holds them.
+        rows = sorted(QueuedEvent.objects.raw(_TAKE_QUEUED, [limit]), key=lambda row: row.pk)
         if not rows:
             return 0
-        targets = _enabled_endpoints()
-        approval_ids = [row.data.get("approval") for row in rows if row.type.startswith("approval.")]
+        targets = _targets()
+        approval_ids = [_uuid(row.data.get("approval")) for row in rows if row.type.startswith("approval.")]
         approvals = ApprovalRequest.objects.select_related("thread__agent").in_bulk(
-            [value for value in approval_ids if isinstance(value, str)]
+            [value for value in approval_ids if value is not None]
         )
-        threads = Thread.objects.select_related("agent").in_bulk({row.thread_id for row in rows})
+        failed = {row.thread_id for row in rows if row.type in _THREAD_EVENTS}
+        threads = {approval.thread_id: approval.thread for approval in approvals.values()}
+        threads.update(Thread.objects.select_related("agent").in_bulk(failed - set(threads)) if failed else {})
         now = timezone.now()
         for row in rows:
             _fan_out_one(row, targets, approvals, threads, now)
-        QueuedEvent.objects.filter(pk__in=[row.pk for row in rows]).delete()
     return len(rows)
 
 
+_TAKE_QUEUED = """
+DELETE FROM notifications_queuedevent WHERE id IN (SELECT id FROM notifications_queuedevent ORDER BY id LIMIT %s)
+RETURNING *
+"""
+_THREAD_EVENTS = ("thread.updated", "checkpoint.created")
+
+
 def _fan_out_one(
-    row: QueuedEvent, targets: list[Endpoint], approvals: dict[Any, ApprovalRequest], threads: dict[Any, Thread],
+    row: QueuedEvent, targets: list[Target], approvals: dict[Any, ApprovalRequest], threads: dict[Any, Thread],
     now: datetime,
 ) -> None:  # fmt: skip
     notice = notice_of(row.type, row.data)
@@ -161,12 +186,12 @@ def _fan_out_one(
     key = f"event:{row.thread_id}:{row.seq}"
     event = {"type": row.type, "seq": row.seq, "data": row.data}
     if notice == Notice.THREAD_FAILED:
-        for endpoint in targets:
-            if wants(endpoint, notice=notice, agent=thread.agent.name, action=None, risk=None):
+        for target in targets:
+            if target.wants(notice=notice, agent=thread.agent.name, action=None, risk=None):
                 body = messages.thread_body(id=key, notice=notice, thread=thread, occurred_at=row.created_at,
                                             event=event)  # fmt: skip
-                _record(endpoint=endpoint, key=key, notice=notice, approval=None, thread_id=thread.pk, body=body,
-                        now=now)  # fmt: skip
+                _record(endpoint=target.endpoint, key=key, notice=notice, approval=None, thread_id=thread.pk,
+                        body=body, now=now)  # fmt: skip
         return
     approval = approvals.get(_uuid(row.data.get("approval")))
     if approval is None:
@@ -175,9 +200,9 @@ def _fan_out_one(
     # A notice asks someone to act: one decided meanwhile (quickly, or by a rule) needs nobody.
     if approval.status != ApprovalStatus.PENDING:
         return
-    for endpoint in targets:
-        if wants(endpoint, notice=notice, agent=thread.agent.name, action=approval.action, risk=approval.risk):
-            _approval_delivery(endpoint=endpoint, key=key, notice=notice, approval=approval, event=event,
+    for target in targets:
+        if target.wants(notice=notice, agent=thread.agent.name, action=approval.action, risk=approval.risk):
+            _approval_delivery(endpoint=target.endpoint, key=key, notice=notice, approval=approval, event=event,
                                occurred_at=row.created_at, now=now)  # fmt: skip
 
 
@@ -198,11 +223,7 @@ def notice_expiring(*, now: datetime | None = None, limit: int = 100) -> int:
     with transaction.atomic():
         if not _fan_out_lock():
             return 0
-        targets = [
-            endpoint
-            for endpoint in _enabled_endpoints()
-            if any(Notice.APPROVAL_EXPIRING in subscription.events for subscription in endpoint.subscriptions.all())
-        ]
+        targets = _targets(Notice.APPROVAL_EXPIRING)
         if not targets:
             return 0
         soon = now + timedelta(seconds=window)
@@ -216,11 +237,11 @@ def notice_expiring(*, now: datetime | None = None, limit: int = 100) -> int:
         for approval in due:
             ExpiryNotice.objects.create(approval_id=approval.pk, created_at=now)
             key = f"expiring:{approval.pk}"
-            for endpoint in targets:
-                if wants(endpoint, notice=Notice.APPROVAL_EXPIRING, agent=approval.thread.agent.name,
-                         action=approval.action, risk=approval.risk):  # fmt: skip
-                    _approval_delivery(endpoint=endpoint, key=key, notice=Notice.APPROVAL_EXPIRING, approval=approval,
-                                       event=None, occurred_at=now, now=now)  # fmt: skip
+            for target in targets:
+                if target.wants(notice=Notice.APPROVAL_EXPIRING, agent=approval.thread.agent.name,
+                                action=approval.action, risk=approval.risk):  # fmt: skip
+                    _approval_delivery(endpoint=target.endpoint, key=key, notice=Notice.APPROVAL_EXPIRING,
+                                       approval=approval, event=None, occurred_at=now, now=now)  # fmt: skip
     return len(due)
 
 
@@ -230,25 +251,28 @@ def claim_due(*, limit: int, now: datetime | None = None) -> list[Delivery]:
     moves past this attempt's timeout."""
     if limit <= 0:
         return []
-    with transaction.atomic():
-        now = now or timezone.now()
-        earlier = Delivery.objects.filter(endpoint_id=OuterRef("endpoint_id"), thread_id=OuterRef("thread_id"),
-                                          status=DeliveryStatus.PENDING, id__lt=OuterRef("id"))  # fmt: skip
-        claimed = list(
-            Delivery.objects.filter(status=DeliveryStatus.PENDING, next_attempt_at__lte=now, endpoint__enabled=True)
-            .exclude(Exists(earlier))
-            .order_by("id")
-            .select_for_update(skip_locked=True, of=("self",))[:limit]
-        )
-        if not claimed:
-            return []
-        lease = now + timedelta(seconds=settings.QUICKSAVE_NOTIFY_TIMEOUT_SECONDS + LEASE_MARGIN_SECONDS)
-        for delivery in claimed:
-            delivery.attempts += 1
-            delivery.next_attempt_at = lease
-            delivery.last_attempt_at = now
-        Delivery.objects.bulk_update(claimed, ["attempts", "next_attempt_at", "last_attempt_at"])
-    return claimed
+    now = now or timezone.now()
+    lease = now + timedelta(seconds=settings.QUICKSAVE_NOTIFY_TIMEOUT_SECONDS + LEASE_MARGIN_SECONDS)
+    # One statement (it commits on its own): the claim is on the path from a request to its webhook.
+    claimed = Delivery.objects.raw(_CLAIM, {"now": now, "lease": lease, "limit": limit})
+    return sorted(claimed, key=lambda delivery: delivery.pk)
+
+
+_CLAIM = """
+UPDATE notifications_delivery d
+SET attempts = d.attempts + 1, next_attempt_at = %(lease)s, last_attempt_at = %(now)s
+WHERE d.id IN (
+    SELECT c.id FROM notifications_delivery c JOIN notifications_endpoint e ON e.id = c.endpoint_id
+    WHERE c.status = 'pending' AND c.next_attempt_at <= %(now)s AND e.enabled
+    -- The earliest pending delivery of its thread to its endpoint: a thread's notices go out in order.
+    AND NOT EXISTS (
+        SELECT 1 FROM notifications_delivery p
+        WHERE p.endpoint_id = c.endpoint_id AND p.thread_id = c.thread_id AND p.status = 'pending' AND p.id < c.id)
+    ORDER BY c.id
+    LIMIT %(limit)s
+    FOR UPDATE OF c SKIP LOCKED)
+RETURNING d.*
+"""
 
 
 def prepare(delivery: Delivery) -> transports.Message | transports.Outcome:
@@ -417,6 +441,7 @@ class Dispatcher:
         self._lock = threading.Lock()
         self._senders: list[threading.Thread] = []
         self._purged_at = 0.0
+        self._expiring_at = 0.0
 
     def run_forever(self, stopping: threading.Event) -> None:
         self._senders = [
@@ -443,7 +468,10 @@ class Dispatcher:
 
     def run_once(self) -> bool:
         """Fan out what is queued, then hand due deliveries to free senders; whether it did anything."""
-        moved = fan_out() + notice_expiring()
+        moved = fan_out()
+        if time.monotonic() - self._expiring_at > EXPIRING_EVERY_SECONDS:
+            self._expiring_at = time.monotonic()
+            moved += notice_expiring()
         if time.monotonic() - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = time.monotonic()
             purge()

@@ -317,6 +317,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": envstr("LOG_LEVEL", "INFO")},
+    # httpx logs every request it makes at INFO; the dispatcher logs each delivery's outcome itself.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }
 
 # Every response forbids inline scripts and styles and anything from another origin: templates

@@ -20,6 +20,7 @@ dispatcher at once; it polls only as a fallback.
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import random
 import threading
@@ -440,8 +441,9 @@ class Dispatcher:
         self._in_flight = 0
         self._lock = threading.Lock()
         self._senders: list[threading.Thread] = []
-        self._purged_at = 0.0
-        self._expiring_at = 0.0
+        # Both run on the first round, then every so often.
+        self._purged_at = -math.inf
+        self._expiring_at = -math.inf
 
     def run_forever(self, stopping: threading.Event) -> None:
         self._senders = [
@@ -475,6 +477,7 @@ class Dispatcher:
         if time.monotonic() - self._purged_at > PURGE_EVERY_SECONDS:
             self._purged_at = time.monotonic()
             purge()
+            endpoints.reseal_stale()
         with self._lock:
             free = self.concurrency - self._in_flight
         claimed = claim_due(limit=free)

@@ -140,6 +140,25 @@ def credentials(endpoint: Endpoint) -> dict[str, Any]:
     return secrets.open_sealed(endpoint.pk, endpoint.credentials)
 
 
+def reseal_stale() -> int:
+    """Seal again, under the keyring's first master key, the credentials of every endpoint sealed
+    under an older one; returns how many. Credentials that do not open are left as they are."""
+    resealed = 0
+    for endpoint in Endpoint.objects.only("id", "credentials"):
+        if secrets.is_current(endpoint.credentials):
+            continue
+        with transaction.atomic():
+            locked = Endpoint.objects.select_for_update().only("id", "credentials").get(pk=endpoint.pk)
+            try:
+                found = secrets.open_sealed(locked.pk, locked.credentials)
+            except secrets.UnreadableCredentials:
+                continue
+            locked.credentials = secrets.seal(locked.pk, found)
+            locked.save(update_fields=["credentials"])
+            resealed += 1
+    return resealed
+
+
 def _summary(endpoint: Endpoint) -> dict[str, Any]:
     return {
         "name": endpoint.name, "kind": endpoint.kind, "url": endpoint.url_hint, "recipients": list(endpoint.recipients),

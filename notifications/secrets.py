@@ -2,8 +2,9 @@
 
 They belong to no thread, so they are sealed under the master keyring itself (AES-256-GCM, the
 keyring's first key), bound to the endpoint's id: `<key id>:` then nonce, ciphertext and tag. Any
-key still in QUICKSAVE_ENCRYPTION_KEYS opens them; saving the endpoint again seals them under the
-current first key.
+key still in QUICKSAVE_ENCRYPTION_KEYS opens them; after a new key heads the keyring the
+dispatcher seals them again under it (`notifications.endpoints.reseal_stale`), so a retired key
+can leave the keyring once that has run (it runs when a dispatcher starts, then hourly).
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ def seal(endpoint_id: UUID, credentials: dict[str, Any]) -> bytes:
     nonce = os.urandom(NONCE_BYTES)
     plain = json.dumps(credentials, sort_keys=True).encode()
     return master.id.encode() + b":" + nonce + master.aead.encrypt(nonce, plain, _ad(endpoint_id))
+
+
+def sealed_under(sealed: bytes | memoryview) -> str:
+    """The id of the master key that sealed these credentials."""
+    return bytes(sealed).partition(b":")[0].decode(errors="replace")
+
+
+def is_current(sealed: bytes | memoryview) -> bool:
+    return sealed_under(sealed) == crypto.keyring()[0].id
 
 
 def open_sealed(endpoint_id: UUID, sealed: bytes | memoryview) -> dict[str, Any]:

@@ -173,8 +173,9 @@ def test_only_admins_configure_notifications(role: str, admin: User) -> None:
 
 def test_the_documented_schemas_name_every_field_the_api_returns(admin: User, thread: Thread) -> None:
     client = api_as(admin)
-    created = send(client, "POST", ENDPOINTS, {"name": "ops", "kind": "webhook", "url": "http://127.0.0.1:9/x",
-                                               "subscriptions": [{"events": ["approval.requested"]}]}).json()  # fmt: skip
+    new = {"name": "ops", "kind": "webhook", "url": "http://127.0.0.1:9/x",
+           "subscriptions": [{"events": ["approval.requested"]}]}  # fmt: skip
+    created = send(client, "POST", ENDPOINTS, new).json()
     suspend(thread)
     dispatch.fan_out()
     delivery = send(client, "GET", f"/api/v1/notifications/deliveries/{Delivery.objects.get().pk}/").json()

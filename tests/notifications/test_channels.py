@@ -196,3 +196,18 @@ def test_the_receivers_refusal_is_kept_and_a_connection_error_too(
     assert unreachable.response_code is None
     assert unreachable.error.startswith("ConnectError")
     assert unreachable.next_attempt_at > timezone.now()
+
+
+def test_deleting_a_thread_takes_its_deliveries_and_decision_links_with_it(admin: User, thread: Thread) -> None:
+    from notifications.models import DecisionLink
+
+    create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", decision_links=True,
+                    subscriptions=[SubscriptionSpec(events=["approval.requested"])], actor=admin)  # fmt: skip
+    suspend(thread)
+    dispatch.fan_out()
+    assert Delivery.objects.exists() and DecisionLink.objects.exists()
+
+    storage.delete_thread(thread)
+
+    assert not Delivery.objects.exists()
+    assert not DecisionLink.objects.exists()

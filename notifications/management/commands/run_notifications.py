@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from notifications import dispatch
+from notifications import dispatch, endpoints
 
 
 class Command(BaseCommand):
@@ -26,6 +26,7 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         if options["once"]:
+            endpoints.reseal_stale()
             with httpx.Client(follow_redirects=False) as client:
                 while dispatch.fan_out() + dispatch.notice_expiring():
                     pass

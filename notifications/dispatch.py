@@ -66,7 +66,7 @@ CHANNEL = "quicksave_notifications"
 FAN_OUT_LOCK = 0x51534E46
 BATCH = 200
 # A claimed delivery is due again this long after its attempt's timeout, should its sender die.
-LEASE_MARGIN_SECONDS = 30
+LEASE_MARGIN_SECONDS = 10
 BACKOFF_CAP_SECONDS = 3600
 PURGE_EVERY_SECONDS = 3600
 # Deadlines are looked for this often (and not on every wake, which is on a request's way to its webhook).

@@ -165,7 +165,13 @@ def fan_out(*, limit: int = BATCH) -> int:
         threads.update(Thread.objects.select_related("agent").in_bulk(failed - set(threads)) if failed else {})
         now = timezone.now()
         for row in rows:
-            _fan_out_one(row, targets, approvals, threads, now)
+            try:
+                with transaction.atomic():
+                    _fan_out_one(row, targets, approvals, threads, now)
+            except Exception:
+                # One event that cannot be turned into messages must not hold up every one after it.
+                log.exception("notifications: event %s #%s of thread %s was dropped", row.type, row.seq,
+                              row.thread_id)  # fmt: skip
     return len(rows)
 
 

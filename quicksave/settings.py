@@ -222,6 +222,13 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ThreadStatusEnum": "checkpoints.models.ThreadStatus",
         "ApprovalStatusEnum": "approvals.models.ApprovalStatus",
+        # An approval's `risk` and a notification subscription's `risks` are one choice set; a
+        # channel's `kind` is not an approval's (which keeps the name it had before channels came).
+        "RiskEnum": "approvals.models.Risk",
+        "KindEnum": "approvals.models.ApprovalKind",
+        "ChannelKindEnum": "notifications.models.Kind",
+        "NotificationEventEnum": "notifications.models.Notice",
+        "DeliveryStatusEnum": "notifications.models.DeliveryStatus",
     },
 }
 

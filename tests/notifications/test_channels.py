@@ -211,3 +211,26 @@ def test_deleting_a_thread_takes_its_deliveries_and_decision_links_with_it(admin
 
     assert not Delivery.objects.exists()
     assert not DecisionLink.objects.exists()
+
+
+def test_an_event_that_cannot_be_made_into_a_message_does_not_hold_up_the_next(
+    admin: User, thread: Thread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from notifications import messages
+    from notifications.models import QueuedEvent
+
+    webhook(admin, "http://127.0.0.1:9/unused")
+    broken = suspend(thread)
+    fine = suspend(storage.create_thread(agent=thread.agent, external_id="trip-2")[0])
+    made = messages.approval_body
+
+    def approval_body(**kwargs: Any) -> Any:
+        if kwargs["approval"].pk == broken.pk:
+            raise RuntimeError("a message that cannot be built")
+        return made(**kwargs)
+
+    monkeypatch.setattr(messages, "approval_body", approval_body)
+    assert dispatch.fan_out() == 2
+
+    assert list(Delivery.objects.values_list("approval_id", flat=True)) == [fine.pk]
+    assert not QueuedEvent.objects.exists()

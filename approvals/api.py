@@ -14,7 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from approvals import services
+from approvals import selectors, services
 from approvals.models import ApprovalKind, ApprovalRequest
 from approvals.serializers import (
     ApprovalCreateSerializer,
@@ -30,8 +30,10 @@ from quicksave.api import CursorPage
 
 
 def visible_approvals(principal: Any) -> Any:
-    return ApprovalRequest.objects.filter(thread__in=visible_threads(principal)).select_related(
-        "thread__agent", "decided_by", "tool_call"
+    return (
+        ApprovalRequest.objects.filter(thread__in=visible_threads(principal))
+        .select_related("thread__agent", "decided_by", "tool_call", "policy", "rule")
+        .prefetch_related("votes__user")
     )
 
 
@@ -81,6 +83,9 @@ class ApprovalListView(APIView):
             approvals = approvals.filter(status=query.validated_data["status"])
         if query.validated_data.get("agent"):
             approvals = approvals.filter(thread__agent__name=query.validated_data["agent"])
+        if query.validated_data.get("assigned"):
+            user = request.user
+            approvals = selectors.assigned_to(approvals, user) if isinstance(user, User) else approvals.none()
         paginator = ApprovalPagination()
         page = paginator.paginate_queryset(approvals, request, view=self)
         return paginator.get_paginated_response([approval_data(approval) for approval in page or []])

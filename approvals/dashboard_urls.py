@@ -8,5 +8,6 @@ app_name = "inbox"
 
 urlpatterns = [
     path("", views.inbox, name="list"),
+    path("bulk/", views.bulk_approve, name="bulk"),
     path("<uuid:approval_id>/", views.approval_detail, name="approval"),
 ]

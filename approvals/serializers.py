@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import inline_serializer
 from rest_framework import serializers
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
@@ -15,7 +16,9 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
     """An approval as the API returns it; `decision` is null while it is pending.
 
     An in-doubt call (`kind: "in_doubt"`) carries its `tool_call`; a request whose sealed values do
-    not open carries the reason in `unreadable`, and null `args`.
+    not open carries the reason in `unreadable`, and null `args`. `quorum` says who approved and
+    rejected so far, of how many needed. Reads `policy`, `rule` and `votes__user`: a list
+    select- and prefetches them (`approvals.api.visible_approvals`).
     """
     unreadable = approval.unreadable
     decision = None
@@ -28,7 +31,10 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
             "comment": approval.comment,
             "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
             "decided_at": approval.decided_at.isoformat() if approval.decided_at else None,
+            "rule": {"id": approval.rule.pk, "name": approval.rule.name} if approval.rule else None,
         }
+    quorum = approval.quorum
+    version = approval.policy
     return {
         "id": str(approval.pk),
         "kind": approval.kind,
@@ -45,6 +51,14 @@ def approval_data(approval: ApprovalRequest) -> dict[str, Any]:
         "created_at": approval.created_at.isoformat(),
         "decision": decision,
         "tool_call": tool_call_data(approval.tool_call) if approval.tool_call_id and approval.tool_call else None,
+        "policy": {"id": version.policy_id, "version": version.version} if version else None,
+        "quorum": {
+            "approvals_needed": quorum.approvals_needed,
+            "rejections_needed": quorum.rejections_needed,
+            "approved_by": quorum.approved_by,
+            "rejected_by": quorum.rejected_by,
+        },
+        "escalated_at": approval.escalated_at.isoformat() if approval.escalated_at else None,
     }
 
 
@@ -57,6 +71,24 @@ class DecisionSchemaSerializer(serializers.Serializer[Any]):
     comment = serializers.CharField(allow_blank=True)
     decided_by = serializers.CharField(allow_null=True)
     decided_at = serializers.DateTimeField(allow_null=True)
+    rule = inline_serializer(
+        "DecidingRule",
+        {"id": serializers.IntegerField(), "name": serializers.CharField()},
+        allow_null=True,
+        help_text="The auto-approve rule that decided, when no person did.",
+    )
+
+
+class PolicyRefSerializer(serializers.Serializer[Any]):
+    id = serializers.IntegerField()
+    version = serializers.IntegerField()
+
+
+class QuorumSerializer(serializers.Serializer[Any]):
+    approvals_needed = serializers.IntegerField()
+    rejections_needed = serializers.IntegerField()
+    approved_by = serializers.ListField(child=serializers.CharField(), help_text="Who approved so far, in order.")
+    rejected_by = serializers.ListField(child=serializers.CharField())
 
 
 class ApprovalSchemaSerializer(serializers.Serializer[Any]):
@@ -77,6 +109,9 @@ class ApprovalSchemaSerializer(serializers.Serializer[Any]):
     created_at = serializers.DateTimeField()
     decision = DecisionSchemaSerializer(allow_null=True)
     tool_call = ToolCallSchemaSerializer(allow_null=True)
+    policy = PolicyRefSerializer(allow_null=True, help_text="The approval policy version it was filed under.")
+    quorum = QuorumSerializer()
+    escalated_at = serializers.DateTimeField(allow_null=True)
 
 
 class ApprovalCreateSerializer(StrictSerializer):
@@ -101,6 +136,10 @@ class DecisionSerializer(StrictSerializer):
 
 class ApprovalListQuerySerializer(serializers.Serializer[Any]):
     status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False)
+    assigned = serializers.ChoiceField(
+        choices=["me"], required=False,
+        help_text="me: only those the caller may decide and has not voted on (none for an agent key).",
+    )  # fmt: skip
     agent = serializers.SlugField(required=False, max_length=64)
     cursor = serializers.CharField(required=False)
     limit = serializers.IntegerField(required=False, min_value=1, max_value=200)

@@ -1,14 +1,17 @@
-"""The one way in for approval writes: request one, decide one, expire the overdue.
+"""The one way in for approval writes: request one, decide (vote on) one, apply the deadlines.
 
-A decision locks the approval row (`SELECT ... FOR UPDATE`), so of two reviewers
-deciding at once the second waits, then sees the first one's decision and gets
-AlreadyDecided. The decision, the resume run and their events commit together.
+A request is filed under the approval policy in force for its agent and action
+(approvals.policies), and an auto-approve rule that matches it (approvals.rules) decides it
+at once. A vote locks the approval row (`SELECT ... FOR UPDATE`), so of any number of
+reviewers voting at once each waits for the one before, counts the votes with its own, and
+exactly one of them records the outcome; those after it get AlreadyDecided. The decision,
+the resume run and their events commit together.
 """
 
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import jsonschema
@@ -17,7 +20,17 @@ from django.contrib.auth.models import User
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Resolution, Risk
+from approvals import policies, rules
+from approvals.models import (
+    ApprovalKind,
+    ApprovalRequest,
+    ApprovalStatus,
+    ApprovalVote,
+    AtDeadline,
+    AutoApproveRule,
+    Resolution,
+    Risk,
+)
 from audit import trail
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from checkpoints.storage import codec, record_event, set_thread_status
@@ -64,6 +77,13 @@ class ApprovalExpired(DomainError):
     status = 409
 
 
+class AlreadyVoted(DomainError):
+    """The person voted on this request already; it waits for other people's votes."""
+
+    code = "already_voted"
+    status = 409
+
+
 def request_approval(
     *,
     thread: Thread,
@@ -78,6 +98,8 @@ def request_approval(
     """Suspend `thread` at `checkpoint` until a person decides whether `action(args)` may run.
 
     A run's request carries its `fence`: LeaseLost, and nothing filed, once another attempt holds the run.
+    The request binds the approval policy in force (whose deadline may come sooner than
+    `expires_at`); a live auto-approve rule that matches it approves it before this returns.
     """
     if checkpoint.thread_id != thread.pk:
         raise InvalidApproval(f"Checkpoint {checkpoint.pk} is not in thread {thread.pk}.",
@@ -92,8 +114,15 @@ def request_approval(
     _check_json(args, "args")
     with transaction.atomic():
         fencing.hold(fence, thread_id=thread.pk)
-        return _file(ApprovalRequest(thread=thread, checkpoint=checkpoint, action=action, args=args, message=message,
-                                     risk=risk, expires_at=expires_at))  # fmt: skip
+        now = timezone.now()
+        policy = policies.policy_in_force(agent_id=thread.agent_id, action=action)
+        deadline = policies.deadline_for(policy, asked=expires_at, now=now)
+        approval = _file(ApprovalRequest(thread=thread, checkpoint=checkpoint, action=action, args=args,
+                                         message=message, risk=risk, policy=policy, expires_at=deadline))  # fmt: skip
+        rule = rules.matching_rule(approval, now=now)
+        if rule is not None:
+            _approve_by_rule(approval, rule, now)
+        return approval
 
 
 def _file(approval: ApprovalRequest) -> ApprovalRequest:
@@ -121,10 +150,15 @@ def decide(
     args: Any = None,
     address: str | None = None,
 ) -> ApprovalRequest:
-    """Record a reviewer's decision and queue the agent's resume, or raise why not.
+    """Record a reviewer's vote and, when it settles the request, the decision and the agent's
+    resume; or raise why not.
 
-    `args` approves with edited arguments (checked against the agent's schema for the
-    action, when it declares one). Rejecting needs a comment.
+    Without a policy, or under one where one approval decides, the first vote decides. Under a
+    policy that needs N approvals the request stays pending, showing who approved so far, until N
+    distinct people approve or enough reject (one, unless the policy says more). The policy also
+    says who may vote (NotEligible otherwise). `args` approves with edited arguments (checked
+    against the agent's schema for the action), only where one approval decides. Rejecting needs
+    a comment.
     """
     if decision not in (APPROVE, REJECT):
         raise InvalidApproval("`decision` must be approve or reject.", detail={"field": "decision"})
@@ -143,34 +177,92 @@ def decide(
         _check_readable(locked)
         now = timezone.now()
         if locked.expires_at is not None and locked.expires_at <= now:
-            _expire(locked, now)
-            expired = True
-        else:
-            if args is not None:
-                _check_args(locked, args)
-            locked.status = ApprovalStatus.APPROVED if decision == APPROVE else ApprovalStatus.REJECTED
-            locked.decided_args = (args if args is not None else locked.args) if decision == APPROVE else None
-            locked.args_edited = args is not None
-            locked.comment = comment
-            locked.decided_by = user
-            locked.decided_at = now
-            locked.save(update_fields=["status", "decided_args", "args_edited", "comment", "decided_by", "decided_at"])
-            trail.record(
-                actor=user, action=f"approval.{decision}", target_type="approval", target_id=locked.pk,
-                thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "args": locked.args},
-                after={"status": locked.status, "args": locked.decided_args, "args_edited": locked.args_edited},
-                address=address, sealed=("args",),
-            )  # fmt: skip
-            _resume(locked)
+            expired = not _reach_deadline(locked, now)
+        if not expired:
+            _vote(locked, user=user, decision=decision, comment=comment, args=args, address=address, now=now)
     if expired:
         raise ApprovalExpired(
-            f"This approval expired at {locked.expires_at:%Y-%m-%d %H:%M:%S %Z} and was {locked.status} automatically.",
+            f"This approval reached its deadline at {locked.decided_at:%Y-%m-%d %H:%M:%S %Z} and was "
+            f"{'approved' if locked.decided_args is not None else 'rejected'} automatically.",
             detail={
                 "status": locked.status,
                 "expired_at": locked.decided_at.isoformat() if locked.decided_at else None,
             },
         )
     return locked
+
+
+def _vote(
+    locked: ApprovalRequest, *, user: User, decision: str, comment: str, args: Any, address: str | None, now: datetime
+) -> None:
+    """Cast `user`'s vote on the locked, pending request and record the outcome if it settles it."""
+    policies.check_may_decide(approval=locked, user=user, decision=decision)
+    # Read apart from `locked`, whose caches would then miss the vote cast below.
+    quorum = ApprovalRequest.objects.select_related("policy").prefetch_related("votes__user").get(pk=locked.pk).quorum
+    if args is not None:
+        if quorum.approvals_needed > 1:
+            raise InvalidApproval("Edited `args` need a policy where one approval decides: the other approvers "
+                                  "approve the arguments as asked.", detail={"field": "args"})  # fmt: skip
+        _check_args(locked, args)
+    if user.get_username() in (*quorum.approved_by, *quorum.rejected_by):
+        mine = locked.votes.get(user=user)
+        raise AlreadyVoted(
+            f"You voted {mine.decision} on this request at {mine.created_at:%Y-%m-%d %H:%M:%S %Z}; it waits for "
+            f"{quorum.approvals_needed - len(quorum.approved_by)} more approval(s).",
+            detail={"vote": mine.decision, "voted_at": mine.created_at.isoformat()},
+        )
+    ApprovalVote.objects.create(approval=locked, user=user, decision=decision, comment=comment, created_at=now)
+    approved_by = [*quorum.approved_by, user.get_username()] if decision == APPROVE else quorum.approved_by
+    rejected_by = [*quorum.rejected_by, user.get_username()] if decision == REJECT else quorum.rejected_by
+    if decision == APPROVE:
+        settled = len(approved_by) >= quorum.approvals_needed
+    else:
+        settled = len(rejected_by) >= quorum.rejections_needed
+    tally = {"approved_by": approved_by, "rejected_by": rejected_by, "approvals_needed": quorum.approvals_needed,
+             "rejections_needed": quorum.rejections_needed}  # fmt: skip
+    if not settled:
+        trail.record(
+            actor=user, action="approval.vote", target_type="approval", target_id=locked.pk, thread=locked.thread,
+            reason=comment, before={"status": ApprovalStatus.PENDING}, after={"vote": decision, **tally},
+            address=address,
+        )  # fmt: skip
+        record_event(thread=locked.thread, type="approval.voted", data={**_summary(locked), **tally})
+        return
+    locked.status = ApprovalStatus.APPROVED if decision == APPROVE else ApprovalStatus.REJECTED
+    locked.decided_args = (args if args is not None else locked.args) if decision == APPROVE else None
+    locked.args_edited = args is not None
+    locked.comment = comment
+    locked.decided_by = user
+    locked.decided_at = now
+    locked.save(update_fields=["status", "decided_args", "args_edited", "comment", "decided_by", "decided_at"])
+    after = {"status": locked.status, "args": locked.decided_args, "args_edited": locked.args_edited}
+    if quorum.approvals_needed > 1 or quorum.rejections_needed > 1:
+        after.update(tally)
+    trail.record(
+        actor=user, action=f"approval.{decision}", target_type="approval", target_id=locked.pk,
+        thread=locked.thread, reason=comment, before={"status": ApprovalStatus.PENDING, "args": locked.args},
+        after=after, address=address, sealed=("args",),
+    )  # fmt: skip
+    _resume(locked)
+
+
+def _approve_by_rule(approval: ApprovalRequest, rule: AutoApproveRule, now: datetime) -> None:
+    """Approve a request just filed, as `rule` says: the audit trail names the rule as the actor."""
+    approval.status = ApprovalStatus.APPROVED
+    approval.decided_args = approval.args
+    approval.rule = rule
+    approval.comment = f"Approved by rule “{rule.name}”."
+    approval.decided_at = now
+    approval.save(update_fields=["status", "decided_args", "rule", "comment", "decided_at"])
+    trail.record(
+        actor=None, actor_name=f"rule:{rule.pk}", action="approval.approve", target_type="approval",
+        target_id=approval.pk, thread=approval.thread, reason=approval.comment,
+        before={"status": ApprovalStatus.PENDING, "args": approval.args},
+        after={"status": approval.status, "args": approval.decided_args, "args_edited": False, "rule": rule.pk,
+               "rule_name": rule.name},
+        sealed=("args",),
+    )  # fmt: skip
+    _resume(approval)
 
 
 def file_in_doubt(*, call: ToolCall, checkpoint: Checkpoint, fence: Fence | None = None) -> ApprovalRequest | None:
@@ -254,9 +346,10 @@ def resolve_in_doubt(
 
 
 def expire_due(*, now: datetime | None = None, limit: int = 100) -> int:
-    """Expire pending approvals past their deadline with the configured outcome; returns how many."""
+    """Apply the deadline of pending approvals past it: escalate them, or close them with the outcome
+    their policy (or, without one, QUICKSAVE_APPROVAL_EXPIRY_OUTCOME) gives; returns how many."""
     now = now or timezone.now()
-    expired = 0
+    reached = 0
     for approval_id in ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, expires_at__lte=now).values_list(
         "pk", flat=True
     )[:limit]:
@@ -264,13 +357,13 @@ def expire_due(*, now: datetime | None = None, limit: int = 100) -> int:
             locked = (
                 ApprovalRequest.objects.select_for_update(skip_locked=True)
                 .select_related("thread")
-                .filter(pk=approval_id, status=ApprovalStatus.PENDING)
+                .filter(pk=approval_id, status=ApprovalStatus.PENDING, expires_at__lte=now)
                 .first()
             )
             if locked is not None:
-                _expire(locked, now)
-                expired += 1
-    return expired
+                _reach_deadline(locked, now)
+                reached += 1
+    return reached
 
 
 def cancel_pending(*, thread: Thread, reason: str) -> int:
@@ -321,12 +414,53 @@ def _check_readable(approval: ApprovalRequest) -> None:
         )
 
 
-def _expire(approval: ApprovalRequest, now: datetime) -> None:
-    """Close an overdue approval with the configured outcome and let the agent resume with it."""
-    outcome = settings.QUICKSAVE_APPROVAL_EXPIRY_OUTCOME
+def _reach_deadline(approval: ApprovalRequest, now: datetime) -> bool:
+    """Do what the locked, pending request's policy says at its deadline. True when it is still
+    pending (escalated to another group, with a new deadline); False when it was closed."""
+    version = approval.policy
+    if version is None:
+        outcome = settings.QUICKSAVE_APPROVAL_EXPIRY_OUTCOME
+        _expire(approval, now, outcome=outcome, comment=f"Expired without a decision; treated as {outcome}.")
+        return False
+    if version.at_deadline == AtDeadline.ESCALATE and approval.escalated_at is None:
+        _escalate(approval, now)
+        return True
+    name = f"{version.policy} v{version.version}"
+    if version.at_deadline == AtDeadline.APPROVE_LOW_RISK and approval.risk == Risk.LOW:
+        _expire(approval, now, outcome=APPROVE, comment=f"No decision by the deadline; policy {name} approves "
+                                                        "low-risk requests then.")  # fmt: skip
+    elif version.at_deadline == AtDeadline.APPROVE_LOW_RISK:
+        why = f"No decision by the deadline; policy {name} approves only low-risk requests then, not {approval.risk}."
+        _expire(approval, now, outcome=REJECT, comment=why)
+    elif approval.escalated_at is not None:
+        _expire(approval, now, outcome=REJECT, comment=f"No decision after the escalation to {version.escalate_to}; "
+                                                       f"policy {name} rejects it.")  # fmt: skip
+    else:
+        _expire(approval, now, outcome=REJECT, comment=f"No decision by the deadline; policy {name} rejects it.")
+    return False
+
+
+def _escalate(approval: ApprovalRequest, now: datetime) -> None:
+    """Hand the request to its policy's escalation group, whose members may decide it from now on,
+    with the policy's escalation deadline (or none); audited, and an `approval.escalated` event."""
+    version = approval.policy
+    assert version is not None and version.escalate_to is not None
+    approval.escalated_at = now
+    approval.expires_at = now + timedelta(minutes=version.escalation_minutes) if version.escalation_minutes else None
+    approval.save(update_fields=["escalated_at", "expires_at"])
+    group = version.escalate_to.name
+    after = {"escalated_to": group, "expires_at": approval.expires_at.isoformat() if approval.expires_at else None}
+    trail.record(actor=None, action="approval.escalate", target_type="approval", target_id=approval.pk,
+                 thread=approval.thread, reason=f"No decision by the deadline; escalated to {group}.",
+                 before={"status": ApprovalStatus.PENDING}, after=after)  # fmt: skip
+    record_event(thread=approval.thread, type="approval.escalated", data={**_summary(approval), **after})
+
+
+def _expire(approval: ApprovalRequest, now: datetime, *, outcome: str, comment: str) -> None:
+    """Close an overdue approval with `outcome` and let the agent resume with it."""
     approval.status = ApprovalStatus.EXPIRED
     approval.decided_args = approval.args if outcome == APPROVE else None
-    approval.comment = f"Expired without a decision; treated as {outcome}."
+    approval.comment = comment
     approval.decided_at = now
     approval.save(update_fields=["status", "decided_args", "comment", "decided_at"])
     _resume(approval)
@@ -379,4 +513,5 @@ def _summary(approval: ApprovalRequest) -> dict[str, Any]:
         "status": approval.status,
         "checkpoint": str(approval.checkpoint_id),
         "decided_by": approval.decided_by.get_username() if approval.decided_by else None,
+        "rule": approval.rule.name if approval.rule_id and approval.rule else None,
     }

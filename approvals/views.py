@@ -1,22 +1,29 @@
-"""The approval inbox and the decision page."""
+"""The approval inbox (with its triage: decide from the row, bulk-approve low-risk items after one
+confirmation, what is assigned to me, who is blocked) and the decision page."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from django import forms
+from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.db.models import F, Q
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.template.defaultfilters import pluralize
+from django.urls import reverse
 from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_http_methods
 
-from approvals import services
-from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
+from approvals import policies, selectors, services
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Risk
 from audit.trail import client_address
 from checkpoints import storage
 from checkpoints.access import visible_threads
@@ -28,19 +35,35 @@ from checkpoints.views import viewer_required
 from quicksave.errors import DomainError
 from quicksave.forms import PageLinkField, invalid_filters, page_queries
 from quicksave.jsontext import loads_strict
+from quicksave_agents.models import Run
 
 INBOX_SIZE = 100
+
+
+BULK_MAX = INBOX_SIZE
 
 
 class InboxFilterForm(forms.Form):
     agent = forms.SlugField(required=False, max_length=64, label="Agent")
     status = forms.ChoiceField(required=False, choices=[("", "Pending"), *ApprovalStatus.choices], label="Status")
+    view = forms.ChoiceField(required=False, choices=[("", "Everyone's"), ("mine", "Assigned to me")], label="Show")
+    sort = forms.ChoiceField(required=False, choices=[("", "Waiting longest"), ("newest", "Newest")], label="Order")
     after = PageLinkField(id_type=UUID)
 
 
 def _approvals(user: Any) -> Any:
-    return ApprovalRequest.objects.filter(thread__in=visible_threads(user)).select_related(
-        "thread__agent", "checkpoint", "decided_by", "tool_call"
+    return (
+        ApprovalRequest.objects.filter(thread__in=visible_threads(user))
+        .select_related(
+            "thread__agent",
+            "checkpoint",
+            "decided_by",
+            "tool_call",
+            "policy__escalate_to",
+            "policy__policy__agent",
+            "rule",
+        )
+        .prefetch_related("votes__user", "policy__groups", "policy__users")
     )
 
 
@@ -50,13 +73,21 @@ def inbox(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         raise invalid_filters(form)
     status = form.cleaned_data["status"] or ApprovalStatus.PENDING
+    mine = form.cleaned_data["view"] == "mine"
     approvals = _approvals(request.user).filter(status=status).defer("checkpoint__payload")
     if form.cleaned_data["agent"]:
         approvals = approvals.filter(thread__agent__name=form.cleaned_data["agent"])
-    # Pending work oldest first (it has waited longest); decided ones newest first. Pages follow
-    # on from the (time, id) of the last one shown, so a decision meanwhile skips or repeats nothing.
+    if mine and isinstance(request.user, User):
+        approvals = selectors.assigned_to(approvals, request.user)
+    # Pending work oldest first (it has waited longest) unless asked newest first; decided ones
+    # newest first. Pages follow on from the (time, id) of the last one shown, so a decision
+    # meanwhile skips or repeats nothing.
     after = form.cleaned_data["after"]
-    if status == ApprovalStatus.PENDING:
+    if status == ApprovalStatus.PENDING and form.cleaned_data["sort"] == "newest":
+        ordered = approvals.annotate(at=F("created_at")).order_by("-at", "-id")
+        if after is not None:
+            ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
+    elif status == ApprovalStatus.PENDING:
         ordered = approvals.annotate(at=F("created_at")).order_by("at", "id")
         if after is not None:
             ordered = ordered.filter(Q(at__gt=after[0]) | Q(at=after[0], id__gt=after[1]))
@@ -79,6 +110,12 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "status_label": ApprovalStatus(status).label,
         "statuses": ApprovalStatus.choices,
         "agent": form.cleaned_data["agent"],
+        "mine": mine,
+        "newest": form.cleaned_data["sort"] == "newest",
+        "blocked": selectors.blocked_agents(_approvals(request.user)) if status == ApprovalStatus.PENDING else [],
+        # Where a decision taken from a row comes back to: this very list.
+        "here": request.get_full_path(),
+        "triage": status == ApprovalStatus.PENDING and request.user.has_perm("checkpoints.decide_approval"),
         # Every agent with approvals here, not only those shown: the filter suggests the others.
         "agents": list(
             _approvals(request.user)
@@ -110,18 +147,26 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
             else:
                 _decide(request, approval, user, errors)
             if not errors:
-                return redirect("inbox:approval", approval_id=approval.pk)
+                return _after_decision(request, approval)
         except services.InvalidApproval as exc:
             field = exc.detail.get("field", "decision")
             errors[field] = exc.detail.get("errors") or [{"path": "", "message": exc.message}]
         except DomainError as exc:  # already decided, expired, the thread cancelled...
             errors["decision"] = [{"path": "", "message": exc.message}]
+        if back := _back_to(request):  # decided from the inbox row: say why not there
+            messages.error(request, f"{approval.action}: {_first_error(errors)}")
+            return redirect(back)
         # Read again, not refresh_from_db(): that would open sealed values that may not open.
         approval = _approvals(request.user).get(pk=approval.pk)
+    escalated = approval.escalated_at is not None
+    user = request.user
     context = {
         "nav": "inbox",
         "approval": approval,
         "thread": approval.thread,
+        "deciders": policies.who_may_decide(approval.policy, escalated=escalated) if approval.policy else None,
+        "policy_name": f"{approval.policy.policy} v{approval.policy.version}" if approval.policy else None,
+        "eligibility": policies.eligibility(approval=approval, user=user) if isinstance(user, User) else None,
         "in_doubt": in_doubt,
         "call": approval.tool_call if in_doubt else None,
         "errors": errors,
@@ -129,9 +174,110 @@ def approval_detail(request: HttpRequest, approval_id: UUID) -> HttpResponse:
         "args_json": args_json,
         "decided_args_json": "" if approval.unreadable else _pretty(approval.decided_args),
         "comment": request.POST.get("comment", "") if request.method == "POST" else "",
+        "editing": request.GET.get("edit") == "1",
+        "next_step": _next_step(approval),
         **_state_and_diff(approval),
     }
     return render(request, "approvals/approval_detail.html", context, status=400 if errors else 200)
+
+
+def _back_to(request: HttpRequest) -> str | None:
+    """The inbox page a row's decision was taken from (`next`), when it is one of ours."""
+    back = (request.POST if request.method == "POST" else request.GET).get("next", "")
+    if back.startswith(reverse("inbox:list")) and url_has_allowed_host_and_scheme(
+        back, allowed_hosts={request.get_host()}, require_https=request.is_secure()
+    ):
+        return back
+    return None
+
+
+def _first_error(errors: dict[str, Any]) -> str:
+    return next((str(problem["message"]) for problems in errors.values() for problem in problems), "")
+
+
+def _after_decision(request: HttpRequest, approval: ApprovalRequest) -> HttpResponse:
+    """Back to the inbox row it was taken from, on to the next request (approve-and-next), or
+    the approval's own page, which shows the decision and what the agent did next."""
+    decided = ApprovalRequest.objects.filter(pk=approval.pk).values_list("status", flat=True).first()
+    said = "Your vote is in" if decided in (None, ApprovalStatus.PENDING) else ApprovalStatus(str(decided)).label
+    if back := _back_to(request):
+        messages.success(request, f"{said}: {approval.action} of {approval.thread.agent.name}.")
+        return redirect(back)
+    if request.POST.get("then") == "next":
+        user = request.user
+        assert isinstance(user, User)
+        following = (
+            selectors.assigned_to(_approvals(user).filter(status=ApprovalStatus.PENDING), user)
+            .exclude(pk=approval.pk)
+            .order_by("created_at", "id")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        messages.success(request, f"{said}: {approval.action} of {approval.thread.agent.name}.")
+        if following is None:
+            return redirect("inbox:list")
+        return redirect("inbox:approval", approval_id=following)
+    return redirect("inbox:approval", approval_id=approval.pk)
+
+
+@dataclass(frozen=True)
+class NextStep:
+    """What the agent did after a decision: its resume run, and the checkpoint it wrote next."""
+
+    run: Run | None
+    checkpoint: Checkpoint | None
+
+
+def _next_step(approval: ApprovalRequest) -> NextStep | None:
+    if approval.status == ApprovalStatus.PENDING:
+        return None
+    run = Run.objects.filter(approval=approval).order_by("-created_at").first()
+    child = (
+        Checkpoint.objects.defer("payload")
+        .filter(thread_id=approval.thread_id, parent_id=approval.checkpoint_id)
+        .order_by("created_at")
+        .first()
+    )
+    return NextStep(run=run, checkpoint=child)
+
+
+@viewer_required
+@require_http_methods(["GET", "POST"])
+def bulk_approve(request: HttpRequest) -> HttpResponse:
+    """Approve several low-risk requests at once: GET lists what would be approved (the one
+    confirmation), POST approves each through `services.decide` and says how it went."""
+    user = request.user
+    if not isinstance(user, User) or not user.has_perm("checkpoints.decide_approval"):
+        raise PermissionDenied("Deciding approvals needs the reviewer or admin role.")
+    asked = (request.POST if request.method == "POST" else request.GET).getlist("approval")[:BULK_MAX]
+    ids = [value for value in asked if _is_uuid(value)]
+    found = list(_approvals(user).filter(pk__in=ids, status=ApprovalStatus.PENDING).order_by("created_at", "id"))
+    chosen = [item for item in found if item.risk == Risk.LOW and item.kind == ApprovalKind.APPROVAL]
+    left_out = [item for item in found if item not in chosen]
+    if request.method == "POST" and chosen:
+        approved, refused = [], []
+        for item in chosen:
+            try:
+                services.decide(approval=item, user=user, decision=services.APPROVE, address=client_address(request))
+                approved.append(item)
+            except DomainError as exc:
+                refused.append(f"{item.action} of {item.thread.agent.name}: {exc.message}")
+        if approved:
+            messages.success(request, f"Approved {len(approved)} low-risk request{pluralize(len(approved))}.")
+        for refusal in refused:
+            messages.error(request, refusal)
+        return redirect(_back_to(request) or reverse("inbox:list"))
+    context = {"nav": "inbox", "chosen": chosen, "left_out": left_out, "missing": len(asked) - len(found),
+               "back": _back_to(request) or reverse("inbox:list")}  # fmt: skip
+    return render(request, "approvals/bulk_confirm.html", context, status=200 if chosen else 400)
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        UUID(value)
+    except ValueError:
+        return False
+    return True
 
 
 def _pretty(value: Any) -> str:

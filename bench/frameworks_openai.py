@@ -16,10 +16,13 @@ answer (two `add_items`). Both sessions live in one database of one PostgreSQL s
 
 Measures: turns per second (wall clock over all turns); bytes per turn (`pg_total_relation_size`,
 heap + TOAST + indexes, of each side's tables after the run: Quicksave's bench.quicksave_runs.TABLES,
-truncated before; the SDK's agent_sessions and agent_messages, dropped before); and the median
+truncated before; the SDK's agent_sessions and agent_messages, dropped before; Quicksave's thread
+row, rewritten by every write, leaves dead versions whose pages depend on the run's length and
+the server's other sessions, some 0 to 130 bytes a turn here); and the median
 latest-items read, `get_items(limit=10)` at the end, the two sessions' calls taking turns so that
 load from elsewhere on the machine falls on both alike. `run_openai(turns)` returns the
-`openai_*` keys of the issue; the very last line printed here is that JSON object.
+`openai_*` keys of the issue (after a `[bytes]` line per table: its heap, TOAST and indexes per
+turn); the very last line printed here is that JSON object.
 """
 
 from __future__ import annotations
@@ -83,6 +86,22 @@ async def check(session: Any, turns: int) -> None:
     assert await session.get_items(limit=RECENT) == everything[-RECENT:]
 
 
+def breakdown(name: str, tables: Sequence[str], turns: int) -> None:
+    """Print each table's share of a side's bytes per turn: heap (with its free-space and visibility
+    maps), TOAST (with its index) and indexes, which pg_total_relation_size adds up."""
+    with psycopg.connect(conninfo(), autocommit=True) as conn:
+        for table in tables:
+            row = conn.execute(
+                "SELECT pg_total_relation_size(c.oid), coalesce(pg_total_relation_size(nullif(c.reltoastrelid, 0)), 0),"
+                " pg_indexes_size(c.oid) FROM pg_class c WHERE c.oid = %s::regclass",
+                (table,),
+            ).fetchone()
+            assert row is not None
+            total, toast, indexes = (value / turns for value in row)
+            print(f"[bytes] {name} {table}: {total:.0f}/turn (heap {total - toast - indexes:.0f}, "
+                  f"TOAST {toast:.0f}, indexes {indexes:.0f})")  # fmt: skip
+
+
 def peer_url() -> str:
     parts = urlsplit(server_url())
     return urlunsplit(("postgresql+asyncpg", parts.netloc, f"/{DB_NAME}", "", ""))
@@ -113,12 +132,14 @@ def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
         peer_seconds = await play(peer, texts)
         await check(peer, turns)
         peer_bytes = table_bytes(PEER_TABLES)
+        breakdown("SQLAlchemySession", PEER_TABLES, turns)
 
         settle()
         quicksave = QuicksaveSession("bench-quicksave", agent="bench-openai", session_settings=settings)
         seconds = await play(quicksave, texts)
         await check(quicksave, turns)
         quicksave_bytes = table_bytes(TABLES)
+        breakdown("QuicksaveSession", TABLES, turns)
 
         # A reader that did not write (a dashboard, another worker): a new session object each.
         reader = QuicksaveSession("bench-quicksave", agent="bench-openai")

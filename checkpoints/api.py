@@ -7,6 +7,7 @@ import uuid
 from typing import Any
 from urllib.parse import urlencode
 
+from django.contrib.auth.models import User
 from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, inline_serializer
@@ -98,8 +99,9 @@ class ThreadListView(APIView):
         data = serializer.validated_data
         agent = _agent_for_new_thread(request.user, data.get("agent"))
         thread, created = storage.create_thread(
-            agent=agent, external_id=data.get("external_id"), metadata=data.get("metadata")
-        )
+            agent=agent, external_id=data.get("external_id"), metadata=data.get("metadata"),
+            started_by=_starter(request.user, data.get("started_by")),
+        )  # fmt: skip
         return Response(_thread_detail(thread.pk), status=status.HTTP_201_CREATED if created else status.HTTP_200_OK)
 
 
@@ -116,6 +118,20 @@ def _agent_for_new_thread(principal: Any, name: str | None) -> Agent:
     if agent is None:
         raise ValidationError({"agent": f"No agent is named '{name}'."})
     return agent
+
+
+def _starter(principal: Any, name: str | None) -> User | None:
+    """Who a new thread runs for: the person creating it, or the person its agent names."""
+    if isinstance(principal, User):
+        if name is not None and name != principal.get_username():
+            raise ValidationError({"started_by": "A person starts a thread as themselves: leave `started_by` out."})
+        return principal
+    if name is None:
+        return None
+    starter = User.objects.filter(username=name).first()
+    if starter is None:
+        raise ValidationError({"started_by": f"No user is named '{name}'."})
+    return starter
 
 
 def _thread_detail(thread_id: Any) -> dict[str, Any]:

@@ -7,9 +7,8 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
-from checkpoints import live
+from checkpoints import live, storage
 from checkpoints.access import visible_threads
-from checkpoints.models import Event
 
 REPLAY_BATCH = 500
 
@@ -19,8 +18,8 @@ def _can_view(principal: Any, thread_id: str) -> bool:
 
 
 def _events_after(thread_id: str, seq: int) -> list[dict[str, Any]]:
-    rows = Event.objects.filter(thread_id=thread_id, seq__gt=seq).order_by("seq")[:REPLAY_BATCH]
-    return [live.message(thread_id=thread_id, seq=row.seq, type=row.type, data=row.data) for row in rows]
+    events = storage.events_after(thread_id=thread_id, seq=seq, limit=REPLAY_BATCH)
+    return [live.message(thread_id=thread_id, seq=number, type=kind, data=data) for number, kind, data in events]
 
 
 def after_seq(scope: dict[str, Any]) -> int | None:

@@ -49,7 +49,7 @@ INBOX_GROUP = "inbox"
 # The thread list's group: after each publisher round, the ids of the threads that had events.
 THREADS_GROUP = "threads"
 _THREAD_GROUP_PREFIX = "thread."
-INBOX_TYPES = frozenset({"approval.requested", "approval.decided"})
+INBOX_TYPES = frozenset({"approval.requested", "approval.voted", "approval.escalated", "approval.decided"})
 # At most this many queued events go out in one publisher round.
 BATCH = 200
 # A round waits this long after its first event for more to join it: a writer appending

@@ -36,6 +36,11 @@ class Thread(models.Model):
     external_id = models.CharField(max_length=255, null=True, blank=True)
     status = models.CharField(max_length=24, choices=ThreadStatus.choices, default=ThreadStatus.RUNNING)
     metadata = models.JSONField(default=dict, blank=True)
+    # The person the thread runs for: whoever created it signed in, or the person an agent named when
+    # it started the thread. An approval policy may keep them from approving its requests.
+    started_by = models.ForeignKey(
+        "auth.User", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
+    )
     active_branch = models.ForeignKey(
         "Branch", null=True, blank=True, on_delete=models.SET_NULL, related_name="+", db_index=False
     )

@@ -127,6 +127,12 @@ class ThreadCreateSerializer(StrictSerializer):
     agent = serializers.SlugField(required=False, max_length=64)
     external_id = serializers.CharField(required=False, allow_null=True, max_length=255)
     metadata = serializers.DictField(required=False)
+    started_by = serializers.CharField(
+        required=False, max_length=150,
+        help_text="The user name of the person the agent runs this thread for (agent keys only; a person "
+                  "creating a thread starts it as themselves). An approval policy may keep them from "
+                  "approving its requests.",
+    )  # fmt: skip
 
 
 class ThreadListQuerySerializer(serializers.Serializer[Any]):

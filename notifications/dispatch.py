@@ -42,7 +42,7 @@ from psycopg.conninfo import make_conninfo
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from audit import trail
 from checkpoints.ids import new_id
-from checkpoints.models import Thread
+from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import IntegrityFailure
 from notifications import endpoints, links, messages, transports
 from notifications.models import (
@@ -76,12 +76,12 @@ DECIDABLE = (Notice.APPROVAL_REQUESTED, Notice.APPROVAL_EXPIRING, Notice.APPROVA
 
 
 def notice_of(event_type: str, data: dict[str, Any]) -> str | None:
-    """The notice an event makes, if any (the trigger queues only these events)."""
+    """The notice a queued row makes, if any (the triggers queue only these)."""
     if event_type == "approval.requested":
         return Notice.IN_DOUBT if data.get("kind") == ApprovalKind.IN_DOUBT else Notice.APPROVAL_REQUESTED
     if event_type == "approval.escalated":
         return Notice.APPROVAL_ESCALATED
-    if event_type in ("thread.updated", "checkpoint.created") and data.get("status") == "failed":
+    if event_type == "thread.failed":
         return Notice.THREAD_FAILED
     return None
 
@@ -157,7 +157,7 @@ def fan_out(*, limit: int = BATCH) -> int:
             return 0
         targets = _targets()
         approval_ids = [_uuid(row.data.get("approval")) for row in rows if row.type.startswith("approval.")]
-        approvals = ApprovalRequest.objects.select_related("thread__agent").in_bulk(
+        approvals = ApprovalRequest.objects.select_related("thread__agent", "policy__escalate_to").in_bulk(
             [value for value in approval_ids if value is not None]
         )
         failed = {row.thread_id for row in rows if row.type in _THREAD_EVENTS}
@@ -179,7 +179,7 @@ _TAKE_QUEUED = """
 DELETE FROM notifications_queuedevent WHERE id IN (SELECT id FROM notifications_queuedevent ORDER BY id LIMIT %s)
 RETURNING *
 """
-_THREAD_EVENTS = ("thread.updated", "checkpoint.created")
+_THREAD_EVENTS = ("thread.failed",)
 
 
 def _fan_out_one(
@@ -190,9 +190,10 @@ def _fan_out_one(
     thread = threads.get(row.thread_id)
     if notice is None or thread is None:  # not ours, or the thread was deleted meanwhile
         return
-    key = f"event:{row.thread_id}:{row.seq}"
     event = {"type": row.type, "seq": row.seq, "data": row.data}
     if notice == Notice.THREAD_FAILED:
+        key = f"failed:{row.thread_id}:{row.seq}"
+        event["data"] = {**row.data, "error": _failure(row.data.get("head"))}
         for target in targets:
             if target.wants(notice=notice, agent=thread.agent.name, action=None, risk=None):
                 body = messages.thread_body(id=key, notice=notice, thread=thread, occurred_at=row.created_at,
@@ -200,6 +201,7 @@ def _fan_out_one(
                 _record(endpoint=target.endpoint, key=key, notice=notice, approval=None, thread_id=thread.pk,
                         body=body, now=now)  # fmt: skip
         return
+    key = f"event:{row.thread_id}:{row.seq}"
     approval = approvals.get(_uuid(row.data.get("approval")))
     if approval is None:
         log.warning("event %s #%s of thread %s names no approval; no notice sent", row.type, row.seq, row.thread_id)
@@ -211,6 +213,17 @@ def _fan_out_one(
         if target.wants(notice=notice, agent=thread.agent.name, action=approval.action, risk=approval.risk):
             _approval_delivery(endpoint=target.endpoint, key=key, notice=notice, approval=approval, event=event,
                                occurred_at=row.created_at, now=now)  # fmt: skip
+
+
+def _failure(checkpoint_id: Any) -> str | None:
+    """What the failed thread's head says went wrong (an in-process agent's `Fail` leaves it in the
+    checkpoint's metadata), if anything."""
+    found = _uuid(checkpoint_id)
+    if found is None:
+        return None
+    metadata = Checkpoint.objects.filter(pk=found).values_list("metadata", flat=True).first() or {}
+    error = metadata.get("error") if isinstance(metadata, dict) else None
+    return str(error)[:500] if error else None
 
 
 def _uuid(value: Any) -> UUID | None:
@@ -238,7 +251,7 @@ def notice_expiring(*, now: datetime | None = None, limit: int = 100) -> int:
             ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING, kind=ApprovalKind.APPROVAL)
             .filter(expires_at__gt=now, expires_at__lte=soon)
             .exclude(pk__in=ExpiryNotice.objects.values("approval_id"))
-            .select_related("thread__agent")
+            .select_related("thread__agent", "policy__escalate_to")
             .order_by("expires_at")[:limit]
         )
         for approval in due:

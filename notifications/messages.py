@@ -15,6 +15,7 @@ from django.conf import settings
 from django.template.loader import render_to_string
 from django.urls import reverse
 
+from approvals import policies
 from approvals.models import ApprovalKind, ApprovalRequest
 from checkpoints.models import Thread
 from notifications.models import Notice
@@ -59,6 +60,8 @@ def approval_body(
     single-use links to approve and reject from the message, when the endpoint hands them out."""
     unreadable = approval.unreadable
     thread = approval.thread
+    policy = approval.policy if approval.policy_id else None
+    escalated = approval.escalated_at is not None
     return {
         "id": id,
         "type": notice,
@@ -76,6 +79,11 @@ def approval_body(
             "status": approval.status,
             "created_at": approval.created_at.isoformat(),
             "expires_at": approval.expires_at.isoformat() if approval.expires_at else None,
+            "escalated_at": approval.escalated_at.isoformat() if approval.escalated_at else None,
+            # Its policy's say: who may decide (its escalation group too, once escalated) and how
+            # many approvals it takes.
+            "who_may_decide": policies.who_may_decide(policy, escalated=escalated) if policy else "reviewers",
+            "approvals_needed": policy.approvals_needed if policy else 1,
             "url": approval_url(approval.pk),
             "decide": decide,
         },
@@ -127,6 +135,12 @@ def _args_text(approval: dict[str, Any]) -> str:
     return text if len(text) <= SLACK_ARGS_CHARS else text[: SLACK_ARGS_CHARS - 1] + "…"
 
 
+def _deciders(approval: dict[str, Any]) -> str:
+    needed = approval.get("approvals_needed") or 1
+    who = approval.get("who_may_decide") or "reviewers"
+    return who if needed == 1 else f"{who} ({needed} approvals needed)"
+
+
 def _mrkdwn(text: str) -> str:
     """Text as Slack shows it literally: &, < and > are its control characters."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
@@ -148,7 +162,11 @@ def slack_message(body: dict[str, Any]) -> dict[str, Any]:
     fields = [f"*Agent*\n{_mrkdwn(body['agent'])}", f"*Thread*\n<{thread['url']}|{_mrkdwn(thread['label'])}>"]
     buttons: list[dict[str, Any]] = []
     if approval:
-        fields += [f"*Action*\n`{_mrkdwn(approval['action'])}`", f"*Risk*\n{approval['risk']}"]
+        fields += [
+            f"*Action*\n`{_mrkdwn(approval['action'])}`",
+            f"*Risk*\n{approval['risk']}",
+            f"*Who decides*\n{_mrkdwn(_deciders(approval))}",
+        ]
         if approval.get("expires_at"):
             fields.append(f"*Expires*\n{approval['expires_at']}")
         blocks.append({"type": "section", "fields": [{"type": "mrkdwn", "text": text} for text in fields]})
@@ -192,7 +210,7 @@ def _email_text(body: dict[str, Any], title: str, args_text: str) -> str:
     approval, thread = body.get("approval"), body["thread"]
     lines = [title, "", f"Agent:   {body['agent']}", f"Thread:  {thread['label']} ({thread['status']})"]
     if approval:
-        lines += [f"Action:  {approval['action']}", f"Risk:    {approval['risk']}"]
+        lines += [f"Action:  {approval['action']}", f"Risk:    {approval['risk']}", f"Decides: {_deciders(approval)}"]
         if approval.get("expires_at"):
             lines.append(f"Expires: {approval['expires_at']}")
         if approval.get("message"):

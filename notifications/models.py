@@ -79,13 +79,15 @@ class Subscription(models.Model):
 
 
 class QueuedEvent(models.Model):
-    """An event of interest, copied here by a trigger on the event table in the transaction that
-    logged it (while any endpoint is enabled), until the dispatcher has fanned it out.
+    """Something to tell people about, queued by a trigger in the transaction that did it (while
+    any endpoint is enabled) until the dispatcher has fanned it out: an event of interest copied
+    from the event table, or `thread.failed` when a thread's status becomes failed (its `seq` is
+    the thread's event seq then; it has no event of its own, so no `event_id`).
 
     Event ids are not commit order, so following the event table by id could skip an event
-    whose transaction commits after a later one's; a queue row commits with its event instead."""
+    whose transaction commits after a later one's; a queue row commits with what it reports."""
 
-    event_id = models.BigIntegerField()
+    event_id = models.BigIntegerField(null=True, blank=True)
     thread_id = models.UUIDField()
     seq = models.BigIntegerField()
     type = models.CharField(max_length=40)

@@ -14,7 +14,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST, require_safe
 
-from approvals.models import Risk
+from approvals.models import ApprovalRequest, ApprovalStatus, Risk
 from approvals.services import REJECT
 from audit.trail import client_address
 from checkpoints.views import permission_required
@@ -208,6 +208,19 @@ def delivery_resend(request: HttpRequest, delivery_id: int) -> HttpResponse:
     return redirect("notifications:delivery", delivery_id=again.pk)
 
 
+def _outcome(approval: ApprovalRequest, decision: str) -> str:
+    """What a person's decision through a link did: decided the request, or counted as a vote."""
+    what = f"{approval.action} for {approval.thread.agent.name}"
+    rejected = decision == REJECT
+    if approval.status == ApprovalStatus.PENDING:
+        quorum = approval.quorum
+        more = (quorum.rejections_needed - len(quorum.rejected_by) if rejected
+                else quorum.approvals_needed - len(quorum.approved_by))  # fmt: skip
+        vote = "rejection" if rejected else "approval"
+        return f"Your {vote} of {what} is counted; it takes {more} more {vote}{'s' if more != 1 else ''}."
+    return f"{'Rejected' if rejected else 'Approved'}: {what}."
+
+
 @decider_required
 @require_http_methods(["GET", "POST"])
 @never_cache
@@ -223,14 +236,14 @@ def decide(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "POST":
         comment = request.POST.get("comment", "")[:10_000]
         try:
-            links.decide_with(token=token, user=_user(request), comment=comment, address=client_address(request))
+            decided = links.decide_with(token=token, user=_user(request), comment=comment,
+                                        address=client_address(request))  # fmt: skip
         except DomainError as exc:
             error, status = exc.message, exc.status
             link = links.find(token) or link
             approval = link.approval
         else:
-            verb = "Approved" if link.decision != REJECT else "Rejected"
-            messages.success(request, f"{verb}: {approval.action} for {approval.thread.agent.name}.")
+            messages.success(request, _outcome(decided, link.decision))
             return redirect("inbox:approval", approval_id=approval.pk)
     context: dict[str, Any] = {
         "nav": "inbox",

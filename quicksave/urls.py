@@ -36,6 +36,7 @@ urlpatterns = [
     path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
+    path("policies/", include("approvals.policy_urls")),
     path("audit/", include("audit.urls")),
     path("agents/", include("quicksave_agents.dashboard_urls")),
     path("notifications/", include("notifications.dashboard_urls")),

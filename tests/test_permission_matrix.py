@@ -17,6 +17,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
+from approvals import policies, rules
 from approvals.services import request_approval
 from checkpoints import storage
 from checkpoints.storage.tool_results import put_tool_result
@@ -35,6 +36,10 @@ CHECKPOINT = {"parent": "{head}", "state": {"n": 3}}
 CHANNEL = {"name": "new", "kind": "webhook", "url": "https://hooks.example.com/q"}
 CHANNEL_FORM = {"name": "new", "kind": "email", "recipients": "a@example.com", "events": "approval.requested"}
 APPROVAL = {"checkpoint": "{head}", "action": "pay"}
+RULE = {"name": "small refunds", "action": "refund", "conditions": [{"path": "/amount", "op": "lt", "value": 20}]}
+POLICY_FORM = {"action": "book", "approvals_needed": 1, "rejections_needed": 1, "at_deadline": "reject"}
+RULE_FORM = {"name": "small refunds", "action": "refund", "max_risk": "low",
+             "conditions": '[{"path": "/amount", "op": "lt", "value": 20}]'}  # fmt: skip
 
 # (method, path, body): statuses for owner key, foreign key, viewer, reviewer, admin, anonymous.
 # The thread belongs to the owner key's agent; it has checkpoints {first} -> {head}, a pending
@@ -64,6 +69,16 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/approvals/", None, (200, 200, 200, 200, 200, 401)),
     ("GET", "/api/v1/approvals/{approval}/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/approvals/{approval}/decide/", {"decision": "approve"}, (403, 404, 403, 200, 200, 401)),
+    ("GET", "/api/v1/policies/", None, (403, 403, 200, 200, 200, 401)),
+    ("POST", "/api/v1/policies/", {"agent": "travel", "action": "book"}, (403, 403, 403, 403, 201, 401)),
+    ("GET", "/api/v1/policies/{policy}/", None, (403, 403, 200, 200, 200, 401)),
+    ("PUT", "/api/v1/policies/{policy}/", {"approvals_needed": 1}, (403, 403, 403, 403, 200, 401)),
+    ("DELETE", "/api/v1/policies/{policy}/", {}, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/policies/rules/", None, (403, 403, 200, 200, 200, 401)),
+    ("POST", "/api/v1/policies/rules/", RULE, (403, 403, 403, 403, 201, 401)),
+    ("GET", "/api/v1/policies/rules/{rule}/", None, (403, 403, 200, 200, 200, 401)),
+    ("POST", "/api/v1/policies/rules/{rule}/revoke/", {}, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/policies/rules/suggest/?agent=travel&action=deploy", None, (403, 403, 403, 403, 200, 401)),
     ("POST", "/api/v1/runs/claim/", {}, (204, 204, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/heartbeat/", {}, (200, 404, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/complete/", {}, (200, 404, 403, 403, 403, 401)),
@@ -100,7 +115,22 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/inbox/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/inbox/{approval}/", None, (302, 302, 200, 200, 200, 302)),
     ("POST", "/inbox/{approval}/", {"decision": "approve"}, (302, 302, 403, 302, 302, 302)),
+    # The world's approval is high-risk: nothing to approve together, a 400 for those who may decide.
+    ("GET", "/inbox/bulk/?approval={approval}", None, (302, 302, 403, 400, 400, 302)),
+    ("POST", "/inbox/bulk/", {"approval": "{approval}"}, (302, 302, 403, 400, 400, 302)),
     ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/policies/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/policies/new/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/policies/new/", POLICY_FORM, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/policies/{policy}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/policies/{policy}/", POLICY_FORM, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/policies/{policy}/retire/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/policies/{policy}/retire/", {"reason": "gone"}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/policies/rules/new/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/policies/rules/new/", RULE_FORM, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/policies/rules/{rule}/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/policies/rules/{rule}/revoke/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/policies/rules/{rule}/revoke/", {"reason": "gone"}, (302, 302, 403, 403, 302, 302)),
     ("GET", "/notifications/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/notifications/new/", CHANNEL_FORM, (302, 302, 403, 403, 302, 302)),
     ("GET", "/notifications/{endpoint}/", None, (302, 302, 403, 403, 200, 302)),
@@ -173,8 +203,14 @@ def build_world() -> World:
     runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
     run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
     assert run is not None
+    # A policy and a rule for another action than the world's approval, which stays any reviewer's to decide.
+    maker = User.objects.create_user("policy-maker")
+    version = policies.create_policy(agent=agent, action="refund", terms=policies.Terms(), actor=maker)
+    rule = rules.create_rule(name="tiny refunds", agent=agent, action="refund", actor=maker,
+                             conditions=[{"path": "/amount", "op": "lt", "value": 5}])  # fmt: skip
     ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
-           "endpoint": endpoint.pk, "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
+           "policy": version.policy_id, "rule": rule.pk, "endpoint": endpoint.pk,
+           "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
            "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2]}  # fmt: skip
     return World(
         ids={

@@ -207,11 +207,42 @@ def _short(text: str, width: int) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def timeline_rows(page: TimelinePage, *, head_id: UUID | None) -> list[dict[str, Any]]:
+def approval_marks(page: TimelinePage) -> dict[UUID, dict[str, str]]:
+    """{checkpoint id: the approval asked at it, as its timeline row tells it} for one page: who or
+    what decided it (a person, an auto-approve rule, the deadline), in one query."""
+    from approvals.models import ApprovalRequest, ApprovalStatus
+
+    ids = [entry.id for entry in page.rows]
+    if not ids:
+        return {}
+    rows = ApprovalRequest.objects.filter(checkpoint_id__in=ids).order_by("created_at")
+    approval_url = url_maker("inbox:approval")
+    marks = {}
+    for approval_id, checkpoint_id, status, person, rule in rows.values_list(
+        "id", "checkpoint_id", "status", "decided_by__username", "rule__name"
+    ):
+        if status == ApprovalStatus.PENDING:
+            text = "waiting for a decision"
+        elif rule:
+            text = f"approved by rule “{_short(rule, 40)}”"
+        elif person:
+            text = f"{status} by {person}"
+        else:
+            text = str(status)
+        marks[checkpoint_id] = {"url": approval_url(approval_id), "text": text, "status": status,
+                                "by_rule": "yes" if rule else ""}  # fmt: skip
+    return marks
+
+
+def timeline_rows(
+    page: TimelinePage, *, head_id: UUID | None, approvals: dict[UUID, dict[str, str]] | None = None
+) -> list[dict[str, Any]]:
     """What each row of the timeline table shows (templates/checkpoints/_timeline_rows.html draws
-    it), as plain text. Dicts rather than dataclasses: the template engine tries a key lookup
+    it), as plain text, with the approval asked at a row's checkpoint (`approvals`, from
+    `approval_marks`). Dicts rather than dataclasses: the template engine tries a key lookup
     before an attribute, and with fifty rows of a dozen cells that failed lookup would be most of
     the table's cost; the page must cost the same for 10,000 checkpoints as for 10."""
+    approvals = approvals or {}
     checkpoint_url, diff_url = url_maker("dashboard:checkpoint"), url_maker("dashboard:diff")
     labels = dict(CheckpointStatus.choices)
     zone = timezone.get_current_timezone()
@@ -235,6 +266,7 @@ def timeline_rows(page: TimelinePage, *, head_id: UUID | None) -> list[dict[str,
                 "size": human_bytes(entry.state_bytes),
                 # The first checkpoint of main has nothing before it to compare with.
                 "diff_url": diff_url(entry.id) if entry.parent_id is not None else "",
+                "approval": approvals.get(entry.id),
             }
         )
     return rows

@@ -43,7 +43,14 @@ from checkpoints.storage.reads import (
     state_at,
 )
 from checkpoints.storage.rewrite import CacheUnavailable, Relinked, rewrite_chain
-from checkpoints.storage.threads import create_thread, delete_thread, record_event, set_thread_status, start_branch
+from checkpoints.storage.threads import (
+    create_thread,
+    delete_thread,
+    events_after,
+    record_event,
+    set_thread_status,
+    start_branch,
+)
 from checkpoints.storage.tool_results import (
     MAX_KEY_LENGTH,
     MAX_TOOL_LENGTH,
@@ -84,6 +91,7 @@ __all__ = [
     "delete_thread",
     "diff",
     "encode_payload",
+    "events_after",
     "get_branch_name",
     "get_tool_result",
     "latest_state",

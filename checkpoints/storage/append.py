@@ -27,10 +27,9 @@ from uuid import UUID
 
 import psycopg
 from django.conf import settings
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, transaction
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
-from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
 
 from checkpoints import live
 from checkpoints.ids import new_id
@@ -41,7 +40,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, codec, hotcache
+from checkpoints.storage import blobs, codec, cursors, hotcache
 from checkpoints.storage.branches import MAIN_BRANCH, branch_by_name, branch_head, forget_thread, get_branch_name
 from checkpoints.storage.errors import (
     InvalidState,
@@ -51,6 +50,7 @@ from checkpoints.storage.errors import (
 from checkpoints.storage.nodes import Node, states
 from checkpoints.storage.payloads import offloaded, seal_payload
 from checkpoints.storage.reads import REPLAY_COST_PER_BYTE, load_node
+from checkpoints.storage.threads import checkpoint_event, checkpoint_event_reference
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
 from quicksave_agents import fencing
@@ -162,10 +162,12 @@ def append_checkpoint(
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
         **fencing.params(fence),
-        "event": Jsonb(dumps=codec.dumps, obj={
-            "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None,
-            "branch": branch_name, "seq": seq, "step": step, "label": label, "status": fields["status"],
-        }),
+        # Published whole; stored as a reference to this row, which holds the rest (threads.events_after).
+        "event": Jsonb(dumps=codec.dumps, obj=checkpoint_event(
+            checkpoint_id=checkpoint_id, parent_id=parent_id, branch=branch_name, seq=seq, step=step, label=label,
+            status=fields["status"],
+        )),
+        "event_reference": Jsonb(checkpoint_event_reference(checkpoint_id), dumps=codec.dumps),
     }  # fmt: skip
 
     if tool_results:
@@ -261,7 +263,8 @@ WITH cp AS (
     RETURNING event_seq
 )
 INSERT INTO checkpoints_event (thread_id, seq, type, data, created_at)
-SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event)s::jsonb, %(created_at)s::timestamptz
+SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event_reference)s::jsonb,
+    %(created_at)s::timestamptz
 FROM bumped
 RETURNING seq
 """.replace("{fence}", fencing.SQL)
@@ -275,14 +278,9 @@ def _append(params: dict[str, Any]) -> bool:
     once committed), False when it wrote nothing (another write got there first, the parent's
     MAC changed, or the run's lease is lost)."""
     try:
-        with connection.cursor() as cursor:
-            # psycopg sends a Python int as int2, int4 or int8 by its value, and each combination of
-            # types is a statement of its own to prepare: as int8 always (the SQL casts each one), a
-            # thread's growing sizes do not prepare the append again each time they cross a boundary.
-            cursor.adapters.register_dumper(int, Int8Dumper)
-            cursor.adapters.register_dumper(int, Int8BinaryDumper)
-            cursor.execute(_APPEND_SQL, params)
-            rows = cursor.fetchall()
+        cursor = cursors.kept_cursor()
+        cursor.execute(_APPEND_SQL, params)
+        rows = cursor.fetchall()
     except IntegrityError as exc:
         if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
             raise

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from uuid import UUID
 
-from django.db import connection
-
 from checkpoints.models import Branch, Checkpoint
+from checkpoints.storage import cursors
 from checkpoints.storage.errors import NotFound
 from checkpoints.storage.lru import LRU
 
@@ -85,7 +84,7 @@ def head_by_name(thread_id: UUID, name: str) -> UUID | None:
     if known is not None:
         head = branch_head(thread_id=thread_id, branch_id=known[0])
         return head[0] if head else None
-    with connection.cursor() as cursor:
+    with cursors.cursor() as cursor:
         cursor.execute(_BRANCH_HEAD_SQL, {"thread": thread_id, "name": name})
         found = cursor.fetchone()
     if found is None:

@@ -26,9 +26,8 @@ from uuid import UUID
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from django.conf import settings
-from django.db import connection
 
-from checkpoints.storage import codec
+from checkpoints.storage import codec, cursors
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.lru import LRU
 from quicksave.keyring import MasterKey, parse_keyring
@@ -103,7 +102,7 @@ _KEY_SQL = "SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE threa
 def _load(thread_id: UUID) -> AESGCM | None:
     # Every new process reads this before its first payload: one statement the server prepares
     # (prepare_threshold), not the ORM's.
-    with connection.cursor() as cursor:
+    with cursors.cursor() as cursor:
         cursor.execute(_KEY_SQL, [thread_id])
         row = cursor.fetchone()
     if row is None:

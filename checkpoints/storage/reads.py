@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 from django.db import DatabaseError, connection, transaction
-from psycopg.types.json import set_json_loads
 
 from checkpoints.fields import associated_data
 from checkpoints.models import (
@@ -17,7 +16,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, branches, codec, crypto, hotcache
+from checkpoints.storage import blobs, branches, codec, crypto, cursors, hotcache
 from checkpoints.storage.branches import MAIN_BRANCH, head_by_name
 from checkpoints.storage.errors import (
     IntegrityFailure,
@@ -83,8 +82,7 @@ WHERE c.id = %(id)s
 def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _Head | None]:
     """The rows from the nearest snapshot up to the checkpoint, oldest first, or only those from
     its branch's materialised head on (returned with it) when that lies on the way."""
-    with connection.cursor() as cursor:
-        set_json_loads(codec.loads, cursor)  # jsonb parsed as every stored JSON value is
+    with cursors.cursor(json=True) as cursor:
         cursor.execute(_TARGET_SQL, {"id": checkpoint_id})
         target = cursor.fetchone()
         if target is None:

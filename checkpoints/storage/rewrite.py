@@ -23,6 +23,7 @@ from checkpoints.storage import codec, hotcache
 from checkpoints.storage.errors import StoreError
 from checkpoints.storage.nodes import drop_thread
 from checkpoints.storage.payloads import mac_fields
+from checkpoints.storage.threads import keep_checkpoint_events
 
 # (parent_id, kind, payload, chain_length, chain_bytes, integrity, id, thread_id) of a rewritten row.
 _Update = tuple[UUID | None, int, bytes, int, int, bytes, UUID, UUID]
@@ -88,6 +89,8 @@ def _write(thread: Thread, *, updates: list[_Update], removed: list[UUID]) -> No
             "SELECT 1 FROM checkpoints_checkpoint WHERE thread_id = %s AND id = ANY(%s) ORDER BY id FOR UPDATE",
             [thread.pk, [update[6] for update in updates]],
         )
+        # A checkpoint's event refers to its row for what it says: it keeps that before the row changes.
+        keep_checkpoint_events(thread_id=thread.pk, checkpoint_ids=[update[6] for update in updates] + removed)
         if updates:
             cursor.executemany(
                 "UPDATE checkpoints_checkpoint SET parent_id = %s, kind = %s, payload = %s, chain_length = %s, "

@@ -1,10 +1,18 @@
-"""Threads and branches: creating, naming, deleting them, and the thread's event log."""
+"""Threads and branches: creating, naming, deleting them, and the thread's event log.
+
+A checkpoint's `checkpoint.created` event (written by the append, in its one statement) stores
+only the checkpoint's id: everything else it says is the checkpoint row's own (its parent,
+branch, seq, step, label and status), read back with it by `events_after`. Before compaction
+rewrites or deletes a checkpoint row, `keep_checkpoint_events` writes those fields into its
+event, so the event goes on saying what happened.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 from uuid import UUID
 
+from django.contrib.auth.models import User
 from django.db import IntegrityError, connection, transaction
 
 from checkpoints import live
@@ -16,7 +24,7 @@ from checkpoints.models import (
     Event,
     Thread,
 )
-from checkpoints.storage import keys
+from checkpoints.storage import cursors, keys
 from checkpoints.storage.branches import MAIN_BRANCH, forget_thread
 from checkpoints.storage.errors import (
     InvalidState,
@@ -28,9 +36,14 @@ from quicksave_agents.models import Agent
 
 
 def create_thread(
-    *, agent: Agent, external_id: str | None = None, metadata: dict[str, Any] | None = None
+    *,
+    agent: Agent,
+    external_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    started_by: User | None = None,
 ) -> tuple[Thread, bool]:
     """Create a thread with its `main` branch, or return the agent's thread with `external_id`.
+    `started_by` is the person it runs for (approval policies may keep them from approving it).
 
     Returns (thread, created).
     """
@@ -41,7 +54,8 @@ def create_thread(
             return existing, False
     try:
         with transaction.atomic():
-            thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata)
+            thread = Thread.objects.create(agent=agent, external_id=external_id, metadata=metadata,
+                                           started_by=started_by)  # fmt: skip
             keys.create_thread_key(thread.pk)
             branch = Branch.objects.create(thread=thread, name=MAIN_BRANCH)
             thread.active_branch = branch
@@ -71,6 +85,69 @@ def record_event(*, thread: Thread | UUID, type: str, data: dict[str, Any]) -> E
     event = Event.objects.create(thread_id=thread_id, seq=row[0], type=type, data=data)
     live.publish_on_commit(thread_id=thread_id, seq=event.seq, type=type, data=data, agent=data.get("agent"))
     return event
+
+
+def checkpoint_event(
+    *, checkpoint_id: UUID, parent_id: UUID | None, branch: str, seq: int, step: int | None, label: str, status: str
+) -> dict[str, Any]:
+    """The data of a checkpoint's `checkpoint.created` event, as published and replayed."""
+    return {
+        "checkpoint": str(checkpoint_id), "parent": str(parent_id) if parent_id else None, "branch": branch,
+        "seq": seq, "step": step, "label": label, "status": status,
+    }  # fmt: skip
+
+
+def checkpoint_event_reference(checkpoint_id: UUID) -> dict[str, Any]:
+    """What a checkpoint's event stores of it: the rest is the checkpoint's row (see events_after)."""
+    return {"checkpoint": str(checkpoint_id)}
+
+
+# A reference is an event without the fields only a checkpoint's full data has; an event stored
+# whole (before references, or kept by compaction) is replayed as stored.
+_IS_REFERENCE = "e.type = 'checkpoint.created' AND NOT e.data ? 'seq'"
+_EVENTS_SQL = f"""
+SELECT e.seq, e.type, e.data, c.id, c.parent_id, b.name, c.seq, c.step, c.label, c.status
+FROM checkpoints_event e
+LEFT JOIN checkpoints_checkpoint c
+    ON c.id = CASE WHEN {_IS_REFERENCE} THEN (e.data ->> 'checkpoint')::uuid END AND c.thread_id = e.thread_id
+LEFT JOIN checkpoints_branch b ON b.id = c.branch_id
+WHERE e.thread_id = %s AND e.seq > %s
+ORDER BY e.seq
+LIMIT %s
+"""
+
+
+def events_after(*, thread_id: UUID | str, seq: int, limit: int) -> list[tuple[int, str, dict[str, Any]]]:
+    """The thread's events after `seq`, oldest first, at most `limit` of them: (seq, type, data),
+    with each checkpoint's event data as it was published."""
+    with cursors.cursor(json=True) as cursor:
+        cursor.execute(_EVENTS_SQL, [thread_id, seq, limit])
+        rows = cursor.fetchall()
+    return [
+        (row[0], row[1], row[2] if row[3] is None else checkpoint_event(
+            checkpoint_id=row[3], parent_id=row[4], branch=row[5], seq=row[6], step=row[7], label=row[8],
+            status=row[9],
+        ))
+        for row in rows
+    ]  # fmt: skip
+
+
+_KEEP_SQL = f"""
+UPDATE checkpoints_event e SET data = jsonb_build_object(
+    'checkpoint', c.id::text, 'parent', c.parent_id::text, 'branch', b.name, 'seq', c.seq, 'step', c.step,
+    'label', c.label, 'status', c.status)
+FROM checkpoints_checkpoint c JOIN checkpoints_branch b ON b.id = c.branch_id
+WHERE e.thread_id = %(thread)s AND {_IS_REFERENCE} AND e.data ->> 'checkpoint' = c.id::text
+    AND c.thread_id = %(thread)s AND c.id = ANY(%(ids)s)
+"""
+
+
+def keep_checkpoint_events(*, thread_id: UUID, checkpoint_ids: list[UUID]) -> None:
+    """Store the full data in the events of checkpoints whose rows are about to be rewritten or
+    deleted (compaction), so that their events replay as they were published."""
+    if checkpoint_ids:
+        with connection.cursor() as cursor:
+            cursor.execute(_KEEP_SQL, {"thread": thread_id, "ids": checkpoint_ids})
 
 
 def set_thread_status(*, thread: Thread | UUID, status: str) -> None:

@@ -142,7 +142,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "branches": branches,
         "selected": selected,
         "page": page,
-        "rows": timeline.timeline_rows(page, head_id=thread.head_id),
+        "rows": timeline.timeline_rows(page, head_id=thread.head_id, approvals=timeline.approval_marks(page)),
         "head": tree.node(thread.head_id),
         "has_checkpoints": any(not branch.is_empty for branch in branches),
         "tree": drawings.branch_tree(tree),

@@ -1,5 +1,5 @@
-"""ADK agents as in-process agents: the worker resumes an ADK invocation when a person decides on
-one of its tool confirmations.
+"""ADK agents as in-process agents: the worker resumes an ADK invocation once a person has decided
+on its tool confirmations.
 
 Register a factory that builds the root agent, in a module listed in QUICKSAVE_AGENT_MODULES,
 and run it with a QuicksaveSessionService under the same app name:
@@ -10,11 +10,16 @@ and run it with a QuicksaveSessionService under the same app name:
 
     runner = Runner(app_name="travel", agent=travel(), session_service=QuicksaveSessionService())
 
-The worker answers the confirmation with the decision (integrations.adk.confirmations) through
-ADK's own Runner on a QuicksaveSessionService carrying the run's fence, so the tool runs (or is
-refused) and the agent goes on. A run for any other reason (a dashboard fork, a manual resume)
-has nothing to run: an ADK invocation starts from a user message, and the session goes on from
-the fork (integrations.adk.forks) with its application's next one.
+A run queued by a decision on a confirmation files the event's next confirmation, if it asked
+several; once every one is decided, it answers them all in one message (integrations.adk.confirmations)
+through ADK's own Runner on a QuicksaveSessionService carrying the run's fence, with the tool-call
+log as a plugin (integrations.adk.tools), so the confirmed tools run (or are refused) once and the
+agent goes on. A retry of the run after its attempt died resends the same answers if the tools'
+results are not in the session yet: ADK runs those calls again and the log answers any that ran
+already. A call the log finds in doubt goes to a person at the confirmations' checkpoint, and
+their answer's run resends the answers again. A run for any other reason (a dashboard fork, a
+manual resume) has nothing to run: an ADK invocation starts from a user message, and the session
+goes on from the fork (integrations.adk.forks) with its application's next one.
 """
 
 from __future__ import annotations
@@ -24,18 +29,22 @@ import logging
 from collections.abc import Callable
 
 from google.adk.agents.base_agent import BaseAgent
+from google.adk.apps.app import App, validate_app_name
 from google.adk.events.event import Event
 from google.adk.runners import Runner
-from google.genai import types
 
-from approvals.models import ApprovalRequest, ApprovalStatus
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
+from approvals.services import ThreadCancelled, file_in_doubt
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from integrations.adk import confirmations
+from integrations.adk.confirmations import ConfirmationRequest
 from integrations.adk.reads import event_of
 from integrations.adk.sessions import QuicksaveSessionService
+from integrations.adk.tools import CallInDoubt, ToolCallLog
+from quicksave.errors import found_in_chain
 from quicksave_agents import runtime
-from quicksave_agents.fencing import Fence
+from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.models import Run, RunReason
 
 AgentFactory = Callable[[], BaseAgent]
@@ -58,26 +67,52 @@ class AdkAgent(runtime.LoopAgent):
             log.info("run %s (%s): ADK session %s goes on with its next message", run.pk, run.reason, thread.pk)
             storage.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
             return "done"
-        approval = ApprovalRequest.objects.select_related("decided_by").get(pk=run.approval_id)
-        message = bound_response(approval, thread)
-        service = QuicksaveSessionService(fence=Fence(run.pk, run.attempts), lease_held=lease_held)
-        runner = Runner(app_name=self.name, agent=self.build(), session_service=service)
+        fence = Fence(run.pk, run.attempts)
+        approval = ApprovalRequest.objects.get(pk=run.approval_id)
+        asked_at = confirmations_checkpoint(approval, thread)
+        asked = confirmations.requests_in(event_of(asked_at) or {})
+        decided = confirmations.decisions(thread=thread, checkpoint=asked_at, requests=asked)
+        if decided is None:
+            # Another confirmation of the event waits: filed now, if it was not yet.
+            if not lease_held():
+                raise fence.lost(thread_id=thread.pk)
+            confirmations.file_next(thread=thread, checkpoint=asked_at, requests=asked, fence=fence)
+            return "suspended"
+        message = confirmations.response(asked, decided)
+        check_unanswered(asked_at, asked)
+        service = QuicksaveSessionService(fence=fence, lease_held=lease_held)
+        app = App(name=self.name, root_agent=self.build(), plugins=[ToolCallLog(service)])
+        runner = Runner(app=app, session_service=service)
 
         async def answer() -> None:
             async for _ in runner.run_async(user_id=info["user_id"], session_id=info["session_id"],
                                             new_message=message):  # fmt: skip
                 pass
 
-        asyncio.run(answer())
+        try:
+            asyncio.run(answer())
+        except Exception as exc:
+            if lost := found_in_chain(exc, LeaseLost):
+                raise lost from exc  # the runtime stops the attempt, however ADK wrapped it
+            if doubt := found_in_chain(exc, CallInDoubt):
+                # At the confirmations' checkpoint: the answer's run resends the same answers.
+                try:
+                    file_in_doubt(call=doubt.call, checkpoint=asked_at, fence=fence)
+                except ThreadCancelled:
+                    return "cancelled"
+                log.warning("thread %s: call %s (%s) is in doubt", thread.pk, doubt.call.key[:12], doubt.call.tool)
+                return "suspended"
+            raise
         if ApprovalRequest.objects.filter(thread_id=thread.pk, status=ApprovalStatus.PENDING).exists():
             return "suspended"
         storage.set_thread_status(thread=thread, status=ThreadStatus.COMPLETED)
         return "done"
 
 
-def bound_response(approval: ApprovalRequest, thread: Thread) -> types.Content:
-    """The confirmation response for `approval`, if it still answers the session: its checkpoint on
-    the path to the head, its call there unanswered since. Anything else fails closed."""
+def confirmations_checkpoint(approval: ApprovalRequest, thread: Thread) -> Checkpoint:
+    """The checkpoint whose confirmations the run answers: the decided approval's (or, for an
+    answer on a call in doubt, the one that call went to a person at), if it is on the path to the
+    session's head. Anything else fails closed."""
     head_id = Thread.objects.values_list("head_id", flat=True).get(pk=thread.pk)
     head = Checkpoint.objects.only("branch_id", "seq").get(pk=head_id)
     asked_at = Checkpoint.objects.get(pk=approval.checkpoint_id)
@@ -86,18 +121,38 @@ def bound_response(approval: ApprovalRequest, thread: Thread) -> types.Content:
             f"The decision was made at checkpoint {asked_at.pk}, which is not on the path to the session's head "
             f"{head_id}; not acting on it."
         )
-    message = confirmations.response_for(approval, confirmations.requests_in(event_of(asked_at) or {}))
-    call_id = message.parts[0].function_response.id if message.parts and message.parts[0].function_response else None
-    since = Checkpoint.objects.filter(thread_id=thread.pk, branch_id=head.branch_id, seq__gt=asked_at.seq,
-                                      seq__lte=head.seq, metadata__has_key="adk_event")  # fmt: skip
+    if approval.kind == ApprovalKind.APPROVAL and not confirmations.requests_in(event_of(asked_at) or {}):
+        raise runtime.ApprovalMismatch(f"Checkpoint {asked_at.pk} asks no confirmation; not acting on the decision.")
+    return asked_at
+
+
+def check_unanswered(asked_at: Checkpoint, asked: list[ConfirmationRequest]) -> None:
+    """Refuse to answer confirmations whose tools have run on the answers already (a decision
+    delivered again). Answers sent with no tool result after them (their attempt died first) are
+    sent again: ADK runs those calls again, and the tool-call log answers any that ran."""
+    answered: set[str] = set()
+    ran: set[str] = set()
+    since = Checkpoint.objects.filter(thread_id=asked_at.thread_id, branch_id=asked_at.branch_id,
+                                      seq__gt=asked_at.seq, metadata__has_key="adk_event").order_by("seq")  # fmt: skip
+    originals = {ask.original_id: ask.call_id for ask in asked if ask.original_id}
     for row in since.iterator():
-        if any(response.id == call_id for response in Event.model_validate(event_of(row)).get_function_responses()):
-            raise runtime.ApprovalMismatch(f"Confirmation {call_id} was answered already; not answering it again.")
-    return message
+        event = Event.model_validate(event_of(row))
+        for reply in event.get_function_responses():
+            if event.author == "user" and reply.id in {ask.call_id for ask in asked}:
+                answered.add(reply.id)
+            elif event.author != "user" and originals.get(reply.id or "") in answered:
+                ran.add(originals[reply.id or ""])
+    if ran and ran == answered == {ask.call_id for ask in asked}:
+        raise runtime.ApprovalMismatch(
+            f"The confirmations at checkpoint {asked_at.pk} were answered already; not answering them again."
+        )
 
 
 def register_adk_agent(name: str, *, version: str = "adk") -> Callable[[AgentFactory], AgentFactory]:
-    """Decorator: make the worker resume the ADK app `name`, whose root agent this factory builds."""
+    """Decorator: make the worker resume the ADK app `name`, whose root agent this factory builds.
+    The worker runs it as an ADK `App` of that name, so the name must be one ADK's App takes
+    (ValueError here, not at the first resume)."""
+    validate_app_name(name)
 
     def register(factory: AgentFactory) -> AgentFactory:
         agent_class = type(

@@ -12,8 +12,8 @@ whatever the session's length.
 own (external ids `adk:app-state`, `adk:user-state:<user_id>`) whose head state holds the
 unprefixed keys; `temp:` state is never stored. A session whose caller holds an older copy than
 the stored one gets StaleSessionError on append, as from ADK's DatabaseSessionService. An event
-that asks for a tool confirmation files an approval in the same transaction
-(integrations.adk.confirmations).
+that asks for tool confirmations files the approval of the first in the same transaction (the
+others follow as each is decided: integrations.adk.confirmations).
 """
 
 from __future__ import annotations
@@ -261,11 +261,16 @@ class QuicksaveSessionService(BaseSessionService):
                 agent = Agent.objects.get(pk=head.thread.agent_id)
                 self._update_scope(agent, APP_SCOPE, app_delta)
                 self._update_scope(agent, USER_SCOPE + session.user_id, user_delta)
-            filed = confirmations.file(thread=head.thread, checkpoint=checkpoint, requests=asks, fence=self.fence)
+            filed = confirmations.file_next(thread=head.thread, checkpoint=checkpoint, requests=asks,
+                                            fence=self.fence) if asks else None  # fmt: skip
         self._heads[(session.app_name, session.user_id, session.id)] = Head(
             thread=head.thread, checkpoint_id=checkpoint.pk, step=head.step + 1, event_id=event.id,
             ts=event.timestamp, waiting=head.waiting or filed is not None,
         )  # fmt: skip
+
+    def thread_of(self, session: Session) -> Thread:
+        """The session's thread (as this service last saw it: no query after a read or a write)."""
+        return self._head(session, fresh=False).thread
 
     def _head(self, session: Session, *, fresh: bool) -> Head:
         """The session's head as this service last saw it, or (`fresh`) as stored."""

@@ -63,7 +63,7 @@ def pause(
     meta = {"paused": True, "call_id": item.call_id, "tool": action, "args_digest": tool_key(action, args)}
     stored = {"state": state.to_json(), "edits": paused.edits, "decided": paused.decided}
     with transaction.atomic():
-        checkpoint = session.write([{"op": "add", "path": f"/{RUN_STATE}", "value": stored}], added=0, turns=0,
+        checkpoint = session.write([{"op": "add", "path": f"/{RUN_STATE}", "value": stored}], turns=0,
                                    label=f"approval: {action}"[:60], status=CheckpointStatus.WAITING_FOR_APPROVAL,
                                    meta=meta)  # fmt: skip
         return request_approval(thread=session.thread, checkpoint=checkpoint, action=action, args=args,

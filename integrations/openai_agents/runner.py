@@ -175,7 +175,7 @@ def _decision_for(run: Run, start: Checkpoint) -> ApprovalRequest | None:
 def _fail(session: QuicksaveSession, *, reason: str) -> str:
     """Fail the thread at the session's head with `reason`: an admin sees why, and may fork or resume."""
     try:
-        session.write([], added=0, turns=0, label="failed", status=CheckpointStatus.FAILED,
+        session.write([], turns=0, label="failed", status=CheckpointStatus.FAILED,
                       meta={"error": reason[:2000]})  # fmt: skip
     except StaleParent:
         return "stale"

@@ -5,8 +5,13 @@ Its state is `{"items": [...]}`, the session's input items in order; every `add_
 checkpoint whose delta is `add /items/-` per new item, so a write costs O(new items), not
 O(conversation), and each turn shows on the timeline and in diffs. `pop_item` removes the last
 item and `clear_session` empties the list, each as a checkpoint too (history is never rewritten).
-Each checkpoint's metadata counts the items and user turns after it (`openai_agents.items`,
-`.turns`), so a branch point is found without reading any state.
+Each checkpoint's `step` counts the user turns of the conversation after it (0 for the empty
+session it starts with), so a branch point is found without reading any state, and the timeline
+and the thread list show the turn. A checkpoint carries this integration's metadata
+(`openai_agents`) only when it has something to say: the call a paused run waits on, a failed
+run's error (counts in every checkpoint's metadata took some 70 bytes a row, two rows a turn).
+Checkpoints written before counted items and turns there (`openai_agents.items`, `.turns`) and
+left `step` empty; they read as they did.
 
 A session writes to one branch: the thread's active branch when opened (the one the dashboard
 shows, which a dashboard fork moves), or the one `create_branch_from_turn` opens. Writes go
@@ -38,12 +43,13 @@ if TYPE_CHECKING:
 
 FRAMEWORK = "openai-agents"
 DEFAULT_AGENT = "openai-agents"
-# Checkpoint metadata key of this integration (counts, and the paused call of a waiting checkpoint).
+# Checkpoint metadata key of this integration (the paused call of a waiting checkpoint, a run's error;
+# on checkpoints written before the turn count moved to `step`, also the counts).
 META = "openai_agents"
 # The state key of a paused run's RunState (integrations.openai_agents.approvals writes it).
 RUN_STATE = "run_state"
 HEAD_SQL = """
-SELECT id, (metadata -> 'openai_agents' ->> 'items')::int, (metadata -> 'openai_agents' ->> 'turns')::int,
+SELECT id, coalesce(step, (metadata -> 'openai_agents' ->> 'turns')::int),
        coalesce((metadata -> 'openai_agents' ->> 'paused')::boolean, false)
 FROM checkpoints_checkpoint
 WHERE thread_id = %(thread)s AND branch_id = %(branch)s ORDER BY seq DESC LIMIT 1
@@ -79,8 +85,8 @@ class QuicksaveSession:
         self._thread: Thread | None = None
         self._branch_id: int | None = None
         self._fork_point: UUID | None = None
-        # The head this session last read or wrote, with its item and user-turn counts.
-        self._head: tuple[UUID, int, int] | None = None
+        # The head this session last read or wrote, with its count of user turns.
+        self._head: tuple[UUID, int] | None = None
         self._paused = False
 
     @classmethod
@@ -120,11 +126,11 @@ class QuicksaveSession:
         if turn < 1:
             raise ValueError("Turns count from 1 (the first user message).")
         self._resolve(refresh=True)
-        if self._head is None or turn > self._head[2]:
+        if self._head is None or turn > self._head[1]:
             raise ValueError(f"Session {self.session_id!r} has no turn {turn}.")
         head = self._head[0]
         # The newest checkpoint of this line that had fewer than `turn` user turns.
-        at = next((checkpoint for checkpoint in _line(self.thread, head) if _counts(checkpoint)[1] < turn), None)
+        at = next((checkpoint for checkpoint in _line(self.thread, head) if _turns(checkpoint) < turn), None)
         if at is None:
             raise ValueError(f"Session {self.session_id!r} has no turn {turn}.")
         name = name or f"turn-{turn}-{uuid.uuid4().hex[:8]}"
@@ -147,8 +153,7 @@ class QuicksaveSession:
                 if created:
                     # An empty first checkpoint: branching from the first turn forks from here.
                     storage.append_checkpoint(thread=thread, parent=None, state={"items": []}, step=0,
-                                            label="session", metadata={META: {"items": 0, "turns": 0}},
-                                            fence=self.fence)  # fmt: skip
+                                            label="session", fence=self.fence)  # fmt: skip
             self._thread = thread
         return self._thread
 
@@ -164,48 +169,50 @@ class QuicksaveSession:
     def append_items(self, items: list[TResponseInputItem]) -> Checkpoint:
         turns = sum(1 for item in items if isinstance(item, dict) and item.get("role") == "user")
         ops = [{"op": "add", "path": "/items/-", "value": item} for item in items]
-        return self.write(ops, added=len(items), turns=turns, label=_label(items))
+        return self.write(ops, turns=turns, label=_label(items))
 
     def pop(self) -> TResponseInputItem | None:
-        head = self._resolve(refresh=True)
-        if head is None or not self._head or self._head[1] == 0:
+        items = self._head_items()
+        if not items:
             return None
-        items = storage.load_node(head, hot=True).state.get("items", [])
         last = copy.deepcopy(items[-1])
         is_user = isinstance(last, dict) and last.get("role") == "user"
-        self.write([{"op": "remove", "path": f"/items/{len(items) - 1}"}], added=-1, turns=-int(is_user),
-                   label="pop item")  # fmt: skip
+        self.write([{"op": "remove", "path": f"/items/{len(items) - 1}"}], turns=-int(is_user), label="pop item")
         return last
 
     def clear(self) -> None:
-        self._resolve(refresh=True)
-        if self._head and self._head[1]:
-            count, turns = self._head[1], self._head[2]
-            self.write([{"op": "replace", "path": "/items", "value": []}], added=-count, turns=-turns, label="clear")
+        if self._head_items():
+            assert self._head is not None  # _head_items found it
+            self.write([{"op": "replace", "path": "/items", "value": []}], turns=-self._head[1], label="clear")
+
+    def _head_items(self) -> list[TResponseInputItem]:
+        """The items at the branch's head as read now (the cached state: not a copy)."""
+        head = self._resolve(refresh=True)
+        items = storage.load_node(head, hot=True).state.get("items") if head is not None else None
+        return items if isinstance(items, list) else []
 
     def write(
         self,
         ops: list[dict[str, Any]],
         *,
-        added: int,
         turns: int,
         label: str,
         status: str = CheckpointStatus.RUNNING,
         meta: dict[str, Any] | None = None,
     ) -> Checkpoint:
-        """Append one checkpoint of `ops` after this session's head; returns it."""
+        """Append one checkpoint of `ops` after this session's head, `turns` user turns more (or
+        fewer) than it, with this integration's metadata `meta` if any; returns it."""
         self._resolve()
         for _ in range(STALE_RETRIES):
             assert self._head is not None  # _resolve found the branch's head or its fork point
-            parent, count, total_turns = self._head
+            parent, total_turns = self._head
             patch = list(ops)
             if self._paused and not any(op["path"] == f"/{RUN_STATE}" for op in ops):
                 patch = [{"op": "remove", "path": f"/{RUN_STATE}"}, *patch]  # the paused run went on
             try:
                 checkpoint = storage.append_checkpoint(
                     thread=self.thread, parent=parent, patch=patch, branch=self.branch, label=label, status=status,
-                    metadata={META: {"items": count + added, "turns": total_turns + turns, **(meta or {})}},
-                    fence=self.fence,
+                    step=total_turns + turns, metadata={META: meta} if meta else None, fence=self.fence,
                 )  # fmt: skip
             except StaleParent:
                 self._resolve(refresh=True)
@@ -226,32 +233,34 @@ class QuicksaveSession:
             self._branch_id, self._fork_point = (
                 Branch.objects.filter(thread=thread, name=self.branch).values_list("pk", "fork_point_id").get()
             )
-        # The branch's newest checkpoint and its counts: one prepared statement, as each turn asks.
+        # The branch's newest checkpoint and its turns: one prepared statement, as each turn asks.
         with connection.cursor() as cursor:  # prepared by psycopg once it has run a few times
             cursor.execute(HEAD_SQL, {"thread": thread.pk, "branch": self._branch_id})
             row = cursor.fetchone()
         if row is not None:
-            self._head, self._paused = (row[0], row[1] or 0, row[2] or 0), row[3]
+            self._head, self._paused = (row[0], row[1] or 0), row[2]
         elif self._fork_point is not None:  # a branch not yet written to: its fork point
-            self._remember(Checkpoint.objects.only("id", "metadata").get(pk=self._fork_point))
+            self._remember(Checkpoint.objects.only("id", "step", "metadata").get(pk=self._fork_point))
         else:
             self._head = None
         return self._head[0] if self._head else None
 
     def _remember(self, checkpoint: Checkpoint) -> None:
-        items, turns = _counts(checkpoint)
-        self._head = (checkpoint.pk, items, turns)
+        self._head = (checkpoint.pk, _turns(checkpoint))
         self._paused = bool((checkpoint.metadata.get(META) or {}).get("paused"))
 
 
-def _counts(checkpoint: Checkpoint) -> tuple[int, int]:
-    counts = checkpoint.metadata.get(META) or {}
-    return int(counts.get("items", 0)), int(counts.get("turns", 0))
+def _turns(checkpoint: Checkpoint) -> int:
+    """The user turns of the conversation after `checkpoint` (its step; in its metadata if it
+    was written before the count moved there)."""
+    if checkpoint.step is not None:
+        return checkpoint.step
+    return int((checkpoint.metadata.get(META) or {}).get("turns", 0))
 
 
 def _line(thread: Thread, head: UUID | None) -> list[Checkpoint]:
-    """`head` and its ancestors, newest first (ids and metadata, read in one query)."""
-    rows = {row.pk: row for row in Checkpoint.objects.filter(thread=thread).only("id", "parent_id", "metadata")}
+    """`head` and its ancestors, newest first (ids, steps and metadata, read in one query)."""
+    rows = {row.pk: row for row in Checkpoint.objects.filter(thread=thread).only("id", "parent_id", "step", "metadata")}
     found: list[Checkpoint] = []
     while head is not None and head in rows:
         found.append(rows[head])

@@ -1,6 +1,7 @@
 // The decision page: edited arguments are checked as JSON before they are sent, a high-risk
 // approval is confirmed with its arguments in view, the plain Approve waits while arguments are
-// being edited, and a decision taken elsewhere replaces the forms as soon as it is made.
+// being edited, votes cast elsewhere show as they come, and a decision taken elsewhere replaces
+// the forms as soon as it is made.
 import { navigableTree } from "./json_tree.js";
 import { connectFeed, fetchThisPage } from "./live.js";
 
@@ -39,8 +40,11 @@ const approveButton = document.getElementById("approve");
 const edit = document.getElementById("edit-approve");
 const hint = document.getElementById("approve-hint");
 
+const approveNext = document.getElementById("approve-next");
+
 function followEdit() {
   approveButton.disabled = edit.open;
+  if (approveNext) approveNext.disabled = edit.open;
   hint.hidden = !edit.open;
 }
 
@@ -58,11 +62,14 @@ const which = document.getElementById("confirm-approve-which");
 const proposedArgs = shownArgs?.textContent ?? "";
 let confirming = null; // the form the dialog is asking about
 
+let submitter = null; // the button that asked: "Approve" or "Approve & next"
+
 function confirmFirst(target, args, description) {
   target.addEventListener("submit", (event) => {
     if (target.dataset.confirmed || event.defaultPrevented) return;
     event.preventDefault();
     confirming = target;
+    submitter = event.submitter ?? null;
     shownArgs.textContent = args();
     which.textContent = description;
     dialog.showModal();
@@ -81,7 +88,7 @@ if (dialog && shownArgs && which) {
     confirming = null;
     if (dialog.returnValue !== "approve" || !target) return;
     target.dataset.confirmed = "yes";
-    target.requestSubmit();
+    target.requestSubmit(submitter && target.contains(submitter) ? submitter : undefined);
   });
 }
 
@@ -101,12 +108,21 @@ async function showDecision() {
   }
 }
 
+// Another reviewer voted short of the quorum, or the request escalated: show who approved so far.
+async function showVotes() {
+  const page = await fetchThisPage();
+  const fresh = page?.getElementById("policy");
+  if (fresh) document.getElementById("policy")?.replaceWith(fresh);
+}
+
 if (approvalId && "pending" in (document.getElementById("decision")?.dataset ?? {})) {
   connectFeed({
     path: "/ws/inbox/",
     ordered: false,
     onEvent(event) {
-      if (event.type === "approval.decided" && event.data.approval === approvalId) showDecision();
+      if (event.data.approval !== approvalId) return;
+      if (event.type === "approval.decided") showDecision();
+      if (event.type === "approval.voted" || event.type === "approval.escalated") showVotes();
     },
     onSync(event) {
       if (!event.data.pending.includes(approvalId)) showDecision();

@@ -129,7 +129,7 @@ def test_edited_args_are_checked_against_the_agents_schema(
     assert good.status_code == 200
     assert good.json()["decision"] | {"decided_at": None} == {
         "status": "approved", "resolution": None, "args": {"flight": "SK125", "price": 390}, "args_edited": True,
-        "comment": "", "decided_by": "rita", "decided_at": None,
+        "comment": "", "decided_by": "rita", "decided_at": None, "rule": None,
     }  # fmt: skip
 
 

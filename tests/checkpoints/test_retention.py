@@ -251,6 +251,19 @@ def test_compacting_again_with_the_same_n_changes_nothing(agent: Agent) -> None:
     assert rows_of(thread) == rows
 
 
+def test_compaction_leaves_the_events_of_the_checkpoints_it_rewrites_and_removes_as_published(agent: Agent) -> None:
+    thread = storage.create_thread(agent=agent)[0]
+    long_history(thread, 40)
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
+    before = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
+
+    result = retention.compact_thread(thread=thread, keep_every=7)
+
+    after = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
+    assert result.removed > 0 and len(after) == len(before) + 1  # and thread.compacted
+    assert after[: len(before)] == before
+
+
 def test_a_thread_with_a_tampered_row_is_not_compacted(agent: Agent) -> None:
     thread = storage.create_thread(agent=agent)[0]
     written = long_history(thread, 40)

@@ -13,7 +13,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection, connections
 
-from checkpoints import storage
+from checkpoints import live, storage
 from checkpoints.models import Checkpoint, Event, PayloadKind, Thread, ThreadStatus
 from checkpoints.storage.errors import (
     IntegrityFailure,
@@ -276,6 +276,23 @@ def test_each_checkpoint_writes_an_event_in_order(thread: Thread) -> None:
     assert thread.event_seq == 5
 
 
+def test_a_checkpoint_event_stores_only_its_checkpoint_and_replays_as_it_was_published(
+    thread: Thread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published: list[tuple[int, str, dict[str, Any]]] = []
+    monkeypatch.setattr(live, "publish_on_commit", lambda **event: published.append(
+        (event["seq"], event["type"], event["data"])))  # fmt: skip
+    root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0}, step=0, label="start")
+    storage.start_branch(thread=thread, at=root, name="aside")
+    storage.append_checkpoint(thread=thread, parent=root, patch=[{"op": "replace", "path": "/n", "value": 1}],
+                              branch="aside", label="waits", status=ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
+
+    stored = Event.objects.filter(thread=thread, type="checkpoint.created").values_list("data", flat=True)
+    assert [set(data) for data in stored] == [{"checkpoint"}, {"checkpoint"}]  # the rest is the checkpoint's row
+    assert [kind for _, kind, _ in published] == ["checkpoint.created", "branch.created", "checkpoint.created"]
+    assert storage.events_after(thread_id=thread.pk, seq=1, limit=10) == published
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "fragment"),
     [
@@ -408,10 +425,9 @@ def test_a_status_given_as_any_str_enum_is_recorded_as_its_value(thread: Thread)
 
     written = storage.append_checkpoint(thread=thread, parent=None, state={}, status=Status.DONE)
     stored = Checkpoint.objects.get(pk=written.pk)
-    assert (stored.status, Event.objects.get(thread=thread, type="checkpoint.created").data["status"]) == (
-        "completed",
-        "completed",
-    )
+    events = storage.events_after(thread_id=thread.pk, seq=0, limit=10)
+    [published] = [data for _, kind, data in events if kind == "checkpoint.created"]
+    assert (stored.status, published["status"]) == ("completed", "completed")
     call_command("verify_integrity")  # the MAC was made over the recorded value
 
 

@@ -19,10 +19,10 @@ from checkpoints.presentation import timeline
 from quicksave_agents.models import Agent
 from tests.conftest import person
 
-# Measured at 12 (session, user, two permission reads, thread, role for the header, branches,
-# heads, timeline page, tree landmarks, chart samples, a pending approval); one spare for a
-# harmless extra read.
-THREAD_PAGE_QUERIES = 13
+# Measured at 13 (session, user, two permission reads, thread, role for the header, branches,
+# heads, timeline page, the approvals asked on it, tree landmarks, chart samples, a pending
+# approval); one spare for a harmless extra read.
+THREAD_PAGE_QUERIES = 14
 
 
 def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch: str | None = None,

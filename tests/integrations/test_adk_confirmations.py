@@ -4,27 +4,23 @@ that no longer matches what the session asks fails closed."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
-from uuid import uuid4
 
 import pytest
 
 pytest.importorskip("google.adk")
 
 from django.contrib.auth.models import User
-from google.adk.runners import Runner
-from google.genai import types
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread, ThreadStatus
 from integrations.adk import demo
-from integrations.adk.sessions import QuicksaveSessionService, find_thread
-from quicksave_agents.models import Run, RunStatus
-from quicksave_agents.worker import Worker
+from integrations.adk.sessions import QuicksaveSessionService
+from quicksave_agents.models import RunStatus
 from tests.conftest import person
 from tests.integrations import adk_agents
+from tests.integrations.adk_agents import drive, final_text, start
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,40 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def rita(transactional_db: Any) -> User:
     return person("rita", "reviewer")
-
-
-def start(app: str, factory: Any, words: str) -> Thread:
-    """Create a session and run the agent on one user message, as an application would."""
-    session_id = uuid4().hex
-
-    async def run() -> None:
-        service = QuicksaveSessionService()
-        await service.create_session(app_name=app, user_id="ana", session_id=session_id)
-        runner = Runner(app_name=app, agent=factory(), session_service=service)
-        message = types.Content(role="user", parts=[types.Part(text=words)])
-        async for _ in runner.run_async(user_id="ana", session_id=session_id, new_message=message):
-            pass
-
-    asyncio.run(run())
-    thread = find_thread(app, "ana", session_id)
-    assert thread is not None
-    return Thread.objects.get(pk=thread.pk)
-
-
-def drive(app: str) -> list[Run]:
-    worker = Worker(agent_names=[app], name="adk-test")
-    while worker.run_once():
-        pass
-    return list(Run.objects.filter(agent__name=app).order_by("created_at"))
-
-
-def final_text(thread: Thread) -> str:
-    """The text of the session's last event, as ADK reads it back."""
-    info = thread.metadata["adk"]
-    session = asyncio.run(QuicksaveSessionService().get_session(app_name=info["app_name"], user_id=info["user_id"],
-                                                                session_id=info["session_id"]))  # fmt: skip
-    assert session is not None and session.events[-1].content is not None and session.events[-1].content.parts
-    return f"{session.events[-1].author}: {session.events[-1].content.parts[0].text}"
 
 
 def test_a_confirmation_waits_in_the_inbox_with_its_payload_and_hint(rita: User) -> None:
@@ -161,3 +123,43 @@ def test_a_resumed_fork_has_nothing_to_run_and_the_session_goes_on_from_it(rita:
                                                          session_id=info["session_id"])  # fmt: skip
     assert session is not None
     assert [call.name for call in session.events[-1].get_function_calls()] == ["book_hotel"]  # before it asked
+
+
+def test_two_confirmations_in_one_turn_are_two_approvals_decided_apart_and_answered_together(rita: User) -> None:
+    adk_agents.BOOKED.clear()
+    thread = start(adk_agents.ROOMS, adk_agents.rooms, "Rooms in Rome and Milan")
+    rome = ApprovalRequest.objects.get(thread=thread)
+    assert (rome.action, rome.args, rome.status) == ("book_room", {"city": "Rome", "nights": 2}, ApprovalStatus.PENDING)
+
+    decide(approval=rome, user=rita, decision="approve", args={"city": "Rome", "nights": 4})
+    drive(adk_agents.ROOMS)
+
+    # Rome's decision waits for Milan's, filed at the same checkpoint; nothing ran yet.
+    milan = ApprovalRequest.objects.get(thread=thread, status=ApprovalStatus.PENDING)
+    assert (milan.action, milan.args, milan.checkpoint_id) == ("book_room", {"city": "Milan", "nights": 2},
+                                                               rome.checkpoint_id)  # fmt: skip
+    assert adk_agents.BOOKED == []
+    assert Thread.objects.get(pk=thread.pk).status == ThreadStatus.WAITING_FOR_APPROVAL
+
+    decide(approval=milan, user=rita, decision="reject", comment="Not Milan")
+    runs = drive(adk_agents.ROOMS)
+
+    assert [run.status for run in runs] == [RunStatus.COMPLETED, RunStatus.COMPLETED]
+    assert adk_agents.BOOKED == [{"city": "Rome", "nights": 4}]
+    assert final_text(thread) == "rooms: Rome: booked for 4 nights; Milan: rejected"
+    info = thread.metadata["adk"]
+    session = QuicksaveSessionService().get_session_sync(app_name=adk_agents.ROOMS, user_id=info["user_id"],
+                                                         session_id=info["session_id"])  # fmt: skip
+    assert session is not None
+    answers = [event for event in session.events if event.author == "user" and event.get_function_responses()]
+    assert [[reply.response for reply in event.get_function_responses()] for event in answers] == [
+        [{"confirmed": True, "payload": {"city": "Rome", "nights": 4}}, {"confirmed": False}]
+    ]
+    assert Thread.objects.get(pk=thread.pk).status == ThreadStatus.COMPLETED
+
+
+def test_an_app_name_adk_cannot_run_is_refused_when_it_is_registered() -> None:
+    from integrations.adk.runner import register_adk_agent
+
+    with pytest.raises(ValueError, match="Invalid app name"):
+        register_adk_agent("travel desk")

@@ -4,6 +4,7 @@ and a decision resumes it through the worker with the SDK's RunState, bound to t
 
 from __future__ import annotations
 
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,9 +13,12 @@ from agents import Runner
 from agents.memory import SessionSettings
 from asgiref.sync import async_to_sync
 from django.contrib.auth.models import User
+from django.db import connection
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide, resolve_in_doubt
+from bench.peers import english_text
+from bench.quicksave_runs import TABLES
 from checkpoints import forks, storage
 from checkpoints.models import Checkpoint, CheckpointStatus, PayloadKind, Thread, ThreadStatus
 from integrations.openai_agents.runner import run_agent
@@ -124,6 +128,45 @@ def test_a_second_session_object_appends_after_the_first_ones_writes(transaction
     assert items_of(first) == [user("one"), user("two"), user("three")]
 
 
+# Every table of Quicksave's that bench/frameworks_openai.py counts, but the thread's: every write
+# rewrites its row (the event counter), and when the dead versions are pruned depends on other
+# sessions of the server, not on what a turn stores.
+STORED_TABLES = [table for table in TABLES if table != "checkpoints_thread"]
+
+
+def stored_bytes() -> int:
+    """What those tables take on disk: heap, TOAST and indexes, as the benchmark counts them."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT sum(pg_total_relation_size(name::regclass)) FROM unnest(%s::text[]) AS name",
+                       [STORED_TABLES])  # fmt: skip
+        return int(cursor.fetchone()[0])
+
+
+# What a turn of the benchmark's shape stores (its two checkpoints, their index entries and
+# events, its share of the snapshots that bound a read), in bytes: 3,092 over these 400 turns
+# (3,400 while each checkpoint's event repeated the checkpoint's fields, 3,482 while its metadata
+# also counted its items and turns). Bytes on disk do not depend on timing, so more than this is
+# a turn storing more.
+TURN_BYTES_BUDGET = 3_150
+
+
+def test_a_turn_of_a_kilobyte_answer_stays_within_its_byte_budget(transactional_db: Any) -> None:
+    with connection.cursor() as cursor:  # fresh files: no pages left by earlier tests' rows
+        cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+    storage.clear_caches()
+    session = QuicksaveSession("chat-bytes")
+    before = stored_bytes()  # with the thread's branch, key and empty first checkpoint
+    rng, turns = random.Random(7), 400
+    for turn in range(turns):  # what Runner.run adds per turn: the input, then the model's message
+        session.append_items([{"content": f"turn {turn}", "role": "user"}])
+        answer: Any = {"type": "output_text", "text": english_text(rng), "annotations": [], "logprobs": []}
+        session.append_items([{"id": f"msg-{turn}", "type": "message", "role": "assistant", "status": "completed",
+                               "content": [answer]}])  # fmt: skip
+
+    assert len(session.read_items()) == 2 * turns
+    assert (stored_bytes() - before) / turns <= TURN_BYTES_BUDGET
+
+
 def test_a_branch_from_a_turn_holds_the_conversation_before_it_and_leaves_the_original_alone(
     transactional_db: Any,
 ) -> None:
@@ -141,6 +184,36 @@ def test_a_branch_from_a_turn_holds_the_conversation_before_it_and_leaves_the_or
     assert QuicksaveSession("chat-branch", branch="try-again").read_items() == items_of(branch)
     with pytest.raises(ValueError, match="no turn 4"):
         session.branch_from_turn(4)
+
+
+def test_each_checkpoint_counts_the_user_turns_in_its_step_without_metadata(transactional_db: Any) -> None:
+    session = QuicksaveSession("chat-steps")
+    async_to_sync(session.add_items)([user("q1")])
+    async_to_sync(session.add_items)([reply("a1")])
+    async_to_sync(session.add_items)([user("q2"), reply("a2")])
+    async_to_sync(session.pop_item)()
+    async_to_sync(session.pop_item)()
+
+    rows = Checkpoint.objects.filter(thread=session.thread).order_by("seq").values_list("step", "metadata")
+    assert list(rows) == [(0, {}), (1, {}), (1, {}), (2, {}), (2, {}), (1, {})]
+    assert Thread.objects.get(pk=session.thread.pk).step == 1
+
+
+def test_a_conversation_written_with_counts_in_metadata_reads_and_branches_as_before(transactional_db: Any) -> None:
+    # Checkpoints written before the turn count moved to `step` counted items and turns in metadata.
+    thread = QuicksaveSession("chat-old").thread
+    head = Checkpoint.objects.get(thread=thread)
+    for n, items in enumerate(([user("q1")], [reply("a1")], [user("q2")], [reply("a2")]), start=1):
+        head = storage.append_checkpoint(
+            thread=thread, parent=head, patch=[{"op": "add", "path": "/items/-", "value": items[0]}],
+            metadata={"openai_agents": {"items": n, "turns": (n + 1) // 2}},
+        )  # fmt: skip
+
+    session = QuicksaveSession("chat-old")
+    async_to_sync(session.add_items)([user("q3")])
+    assert Checkpoint.objects.filter(thread=thread).order_by("-seq").first().step == 3  # type: ignore[union-attr]
+    branch = session.branch_from_turn(2)
+    assert items_of(branch) == [user("q1"), reply("a1")]
 
 
 def test_a_run_reads_its_history_from_the_session_and_stores_the_turn(transactional_db: Any) -> None:
@@ -276,7 +349,7 @@ def test_a_dashboard_fork_of_a_turn_resumes_the_agent_on_the_edited_conversation
                       patch=[{"op": "add", "path": "/items/-", "value": user("again")}])  # fmt: skip
     worker.wait_for_runs(session.thread)
 
-    assert fork.metadata["openai_agents"] == {"items": 3, "turns": 2}
+    assert fork.step == 2  # the user turns of the edited conversation
     on_fork = QuicksaveSession("chat-fork", agent=demo.CHAT)  # the thread's active branch: the fork's
     assert items_of(on_fork)[-2]["content"] == "again"
     assert last_text(on_fork) == "seen 3"

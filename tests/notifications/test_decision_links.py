@@ -193,3 +193,56 @@ def test_two_people_using_one_link_at_once_decide_it_once(admin: User, thread: T
 
     assert sorted(outcomes.values()) == ["decided", "link_unusable"]
     assert AuditEntry.objects.filter(action="approval.approve").count() == 1
+
+
+def test_under_a_quorum_a_link_casts_one_vote_and_the_message_says_who_decides(admin: User, thread: Thread) -> None:
+    from django.contrib.auth.models import Group
+
+    from approvals import policies
+    from approvals.services import decide
+
+    finance = Group.objects.create(name="finance")
+    rita, rob = person("rita", "reviewer"), person("rob", "reviewer")
+    finance.user_set.add(rita, rob)
+    policies.create_policy(agent=thread.agent, action="book_flight", actor=admin,
+                           terms=policies.Terms(groups=(finance,), approvals_needed=2))  # fmt: skip
+    create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", decision_links=True,
+                    subscriptions=[SubscriptionSpec(events=["approval.requested"])], actor=admin)  # fmt: skip
+    approval = suspend(thread)
+    dispatch.fan_out()
+    body = Delivery.objects.get().body["approval"]
+    assert (body["who_may_decide"], body["approvals_needed"]) == ("members of finance", 2)
+    browser = Client()
+    browser.force_login(rita)
+
+    voted = browser.post(urlsplit(body["decide"]["approve"]).path, follow=True)
+
+    assert "Your approval of book_flight for travel is counted; it takes 1 more approval." in voted.content.decode()
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.PENDING
+    decide(approval=approval, user=rob, decision="approve")
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.APPROVED
+
+
+def test_a_reviewer_the_policy_does_not_name_is_refused_and_the_link_stays_usable(
+    admin: User, reviewer: User, thread: Thread
+) -> None:
+    from django.contrib.auth.models import Group
+
+    from approvals import policies
+
+    policies.create_policy(agent=thread.agent, action="book_flight", actor=admin,
+                           terms=policies.Terms(groups=(Group.objects.create(name="finance"),)))  # fmt: skip
+    create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", decision_links=True,
+                    subscriptions=[SubscriptionSpec(events=["approval.requested"])], actor=admin)  # fmt: skip
+    approval = suspend(thread)
+    dispatch.fan_out()
+    path = urlsplit(Delivery.objects.get().body["approval"]["decide"]["approve"]).path
+    browser = Client()
+    browser.force_login(reviewer)
+
+    refused = browser.post(path)
+
+    assert refused.status_code == 403
+    assert b"members of finance" in refused.content
+    assert ApprovalRequest.objects.get(pk=approval.pk).status == ApprovalStatus.PENDING
+    assert DecisionLink.objects.get(decision="approve").used_at is None

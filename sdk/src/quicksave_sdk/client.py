@@ -189,17 +189,25 @@ class Client:
         return response.json() if response.status_code != 204 and response.content else None
 
     def thread(
-        self, *, external_id: str | None = None, metadata: dict[str, Any] | None = None, agent: str | None = None
+        self,
+        *,
+        external_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        agent: str | None = None,
+        started_by: str | None = None,
     ) -> Thread:
         """Get or create the thread with `external_id` (a new thread without one), loaded at its head.
 
-        `agent` defaults to the key's own agent.
+        `agent` defaults to the key's own agent. `started_by` names the person (a Quicksave user
+        name) the agent runs the thread for; an approval policy may keep them from approving it.
         """
         body: dict[str, Any] = {"external_id": external_id}
         if metadata is not None:
             body["metadata"] = metadata
         if agent is not None:
             body["agent"] = agent
+        if started_by is not None:
+            body["started_by"] = started_by
         thread = Thread(self, self.request("POST", "/threads/", body))
         thread._move_to(thread._server_head)
         return thread

@@ -1,0 +1,74 @@
+"""The storage engine's cursor: Django's own, set up the way the engine's statements want it.
+
+Every statement of the engine runs on a cursor from `connection.cursor()`, so Django's query log,
+`CaptureQueriesContext`, the debug toolbar, `connection.execute_wrapper` and OpenTelemetry's
+Django and psycopg instrumentations see it. On it, through psycopg's public cursor API:
+
+- results come in PostgreSQL's binary format (`Cursor.format`): a replay reads dozens of rows of
+  uuids, timestamps and bytea payloads, which psycopg loads from binary in C but parses from
+  text in Python (timestamps) or decodes from hex (bytea); binary halves a replay's client CPU;
+- a Python int is sent as int8 whatever its value: psycopg would send int2, int4 or int8 by
+  value, and each combination of parameter types is a statement of its own to prepare, so a
+  thread's growing sizes would prepare the append again each time one crossed a boundary
+  (every engine statement casts its integer parameters, so int8 is what each asks for anyway);
+- with `json=True`, jsonb values are parsed by the codec that stores every JSON value
+  (Django's own cursors leave jsonb as text for its JSONField to parse).
+
+The append, the engine's hottest statement, runs on a cursor each thread keeps (`kept_cursor`):
+psycopg's cursor remembers the dumper it found for each parameter's type and the statement it
+prepared, which a new cursor looks up again each time, and Django's wrapper around it is made
+once. It is made again whenever it would no longer be the cursor `connection.cursor()` gives:
+another connection (a new request's, from the pool), a closed one, or the query log switched on
+or off (`CaptureQueriesContext`, `DEBUG`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
+from psycopg import pq
+from psycopg.types.json import set_json_loads
+from psycopg.types.numeric import Int8BinaryDumper, Int8Dumper
+
+from checkpoints.storage import codec
+
+
+@contextlib.contextmanager
+def cursor(*, json: bool = False) -> Iterator[CursorWrapper]:
+    """Django's cursor on the default connection, returning binary results and sending ints as int8."""
+    with connection.cursor() as wrapper:
+        _set_up(wrapper, json=json)
+        yield wrapper
+
+
+_kept = threading.local()
+
+
+def kept_cursor() -> CursorWrapper:
+    """`cursor()`'s kind of cursor, kept by this thread for its next statement; not to be closed."""
+    db = connections[DEFAULT_DB_ALIAS]
+    db.ensure_connection()
+    wrapper: CursorWrapper | None = getattr(_kept, "wrapper", None)
+    if (
+        wrapper is None
+        or wrapper.db is not db
+        or wrapper.cursor.closed
+        or wrapper.cursor.connection is not db.connection
+        or isinstance(wrapper, CursorDebugWrapper) is not db.queries_logged
+    ):
+        wrapper = _kept.wrapper = db.cursor()
+        _set_up(wrapper, json=False)
+    return wrapper
+
+
+def _set_up(wrapper: CursorWrapper, *, json: bool) -> None:
+    driver = wrapper.cursor  # the psycopg cursor Django wraps
+    driver.format = pq.Format.BINARY
+    driver.adapters.register_dumper(int, Int8Dumper)
+    driver.adapters.register_dumper(int, Int8BinaryDumper)
+    if json:
+        set_json_loads(codec.loads, driver)

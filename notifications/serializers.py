@@ -103,6 +103,9 @@ class SubscriptionSerializer(serializers.Serializer[Any]):
         return super().to_internal_value(data)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        # A PATCH's `partial` reaches the subscriptions in it too, but each one given is given whole.
+        if "events" not in attrs:
+            raise serializers.ValidationError({"events": ["This field is required."]})
         problems = subscription_problems(SubscriptionSpec(**attrs))
         if problems:
             raise serializers.ValidationError(problems)

@@ -189,3 +189,12 @@ def test_the_documented_schemas_name_every_field_the_api_returns(admin: User, th
     assert set(created) == set(EndpointSchemaSerializer().fields)
     assert set(created["subscriptions"][0]) == set(SubscriptionSchemaSerializer().fields)
     assert set(delivery) == set(DeliverySchemaSerializer().fields)
+
+
+def test_a_patch_with_a_subscription_missing_its_events_is_a_400(admin: User) -> None:
+    endpoint, _ = webhook(admin, "https://x.test/hook")
+
+    response = send(api_as(admin), "PATCH", f"{ENDPOINTS}{endpoint.pk}/", {"subscriptions": [{"agents": []}]})
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["detail"]["fields"] == {"subscriptions": [{"events": ["This field is required."]}]}

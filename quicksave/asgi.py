@@ -5,7 +5,8 @@ one thread hop per request, where Django's own ASGI handler hops for every middl
 signal; every view here is synchronous anyway.
 
 With QUICKSAVE_EMBEDDED_WORKER (on by default with the embedded database) the agent
-worker runs in a thread of this process, so the one-command set-up resumes agents.
+worker runs in a thread of this process, and so do the background services apps register
+(the notifications dispatcher), so the one-command set-up resumes agents and sends notifications.
 
 Static files are served by the app itself unless QUICKSAVE_SERVE_STATIC is off
 (set it off behind a reverse proxy or CDN that serves STATIC_ROOT).
@@ -44,6 +45,10 @@ websocket_app = AllowedHostsOriginValidator(
 application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})
 
 if settings.QUICKSAVE_EMBEDDED_WORKER:
+    import threading
+
+    from quicksave import background
     from quicksave_agents.worker import start_background_worker
 
     start_background_worker()
+    background.start_all(threading.Event())

@@ -118,5 +118,7 @@ def logging_config(*, json_lines: bool, level: str) -> dict[str, Any]:
             "uvicorn": uvicorn,
             "uvicorn.error": {"handlers": [], "level": level, "propagate": True},  # through "uvicorn"
             "uvicorn.access": uvicorn,
+            # httpx logs every request it makes at INFO; the notifications dispatcher logs each outcome itself.
+            "httpx": {"level": "WARNING"},
         },
     }

@@ -48,6 +48,7 @@ INSTALLED_APPS = [
     "checkpoints",
     "approvals",
     "audit",
+    "notifications",
     "integrations.langgraph.apps.LangGraphConfig",
     "integrations.pydantic_ai.apps.PydanticAIConfig",
     "integrations.adk.apps.AdkConfig",
@@ -251,6 +252,13 @@ SPECTACULAR_SETTINGS = {
     "ENUM_NAME_OVERRIDES": {
         "ThreadStatusEnum": "checkpoints.models.ThreadStatus",
         "ApprovalStatusEnum": "approvals.models.ApprovalStatus",
+        # An approval's `risk` and a notification subscription's `risks` are one choice set; a
+        # channel's `kind` is not an approval's (which keeps the name it had before channels came).
+        "RiskEnum": "approvals.models.Risk",
+        "KindEnum": "approvals.models.ApprovalKind",
+        "ChannelKindEnum": "notifications.models.Kind",
+        "NotificationEventEnum": "notifications.models.Notice",
+        "DeliveryStatusEnum": "notifications.models.DeliveryStatus",
     },
 }
 
@@ -311,6 +319,33 @@ QUICKSAVE_APPROVAL_EXPIRY_OUTCOME = envstr("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME", 
 if QUICKSAVE_APPROVAL_EXPIRY_OUTCOME not in {"reject", "approve"}:
     raise ConfigError("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME must be reject or approve")
 DATA_UPLOAD_MAX_MEMORY_SIZE = QUICKSAVE_MAX_REQUEST_BYTES
+
+# Notifications (notifications/): the dashboard's address as links in messages point to it, how
+# deliveries are retried, and email.
+QUICKSAVE_PUBLIC_URL = envstr("QUICKSAVE_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+if urlparse(QUICKSAVE_PUBLIC_URL).scheme not in {"http", "https"} or not urlparse(QUICKSAVE_PUBLIC_URL).netloc:
+    raise ConfigError(f"QUICKSAVE_PUBLIC_URL must be an http:// or https:// URL, got {QUICKSAVE_PUBLIC_URL!r}")
+QUICKSAVE_NOTIFY_RETRY_SECONDS: float = envint("QUICKSAVE_NOTIFY_RETRY_SECONDS", 10, minimum=1)
+QUICKSAVE_NOTIFY_MAX_ATTEMPTS = envint("QUICKSAVE_NOTIFY_MAX_ATTEMPTS", 8, minimum=1)
+QUICKSAVE_NOTIFY_TIMEOUT_SECONDS = envint("QUICKSAVE_NOTIFY_TIMEOUT_SECONDS", 10, minimum=1)
+QUICKSAVE_NOTIFY_CONCURRENCY = envint("QUICKSAVE_NOTIFY_CONCURRENCY", 4, minimum=1)
+QUICKSAVE_NOTIFY_EXPIRING_SECONDS = envint("QUICKSAVE_NOTIFY_EXPIRING_SECONDS", 900, minimum=0)
+QUICKSAVE_NOTIFY_KEEP_DAYS = envint("QUICKSAVE_NOTIFY_KEEP_DAYS", 30, minimum=1)
+QUICKSAVE_DECISION_LINK_SECONDS = envint("QUICKSAVE_DECISION_LINK_SECONDS", 24 * 3600, minimum=60)
+# Email goes to the console (the server's log) until EMAIL_HOST names an SMTP server.
+EMAIL_HOST = envstr("EMAIL_HOST")
+EMAIL_BACKEND = (
+    "django.core.mail.backends.smtp.EmailBackend" if EMAIL_HOST else "django.core.mail.backends.console.EmailBackend"
+)
+EMAIL_PORT = envint("EMAIL_PORT", 587, minimum=1)
+EMAIL_HOST_USER = envstr("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = envstr("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = envbool("EMAIL_USE_TLS", True)
+EMAIL_USE_SSL = envbool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ConfigError("EMAIL_USE_TLS and EMAIL_USE_SSL cannot both be on; SSL on port 465 wants EMAIL_USE_TLS=false")
+EMAIL_TIMEOUT = envint("EMAIL_TIMEOUT", 10, minimum=1)
+DEFAULT_FROM_EMAIL = envstr("DEFAULT_FROM_EMAIL", "Quicksave <quicksave@localhost>")
 
 TESTING = "pytest" in sys.modules or os.environ.get("QUICKSAVE_TESTING") == "1"
 

@@ -26,6 +26,7 @@ urlpatterns = [
     path("api/v1/", include("checkpoints.urls")),
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("quicksave_agents.urls")),
+    path("api/v1/notifications/", include("notifications.urls")),
     # For people and agents who are signed in (SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"]); the docs
     # send a signed-out browser to the sign-in page. The split view serves its script from a URL,
     # not inline, as the Content-Security-Policy requires.
@@ -40,6 +41,7 @@ urlpatterns = [
     path("policies/", include("approvals.policy_urls")),
     path("audit/", include("audit.urls")),
     path("agents/", include("quicksave_agents.dashboard_urls")),
+    path("notifications/", include("notifications.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-APPS = ("agents", "approvals", "checkpoints", "integrations", "quicksave")
+APPS = ("approvals", "audit", "checkpoints", "integrations", "notifications", "quicksave", "quicksave_agents")
 BYPASSES = re.compile(r"\bmark_safe\b|\bSafeString\(|\|\s*safe(seq)?\b|\{%\s*autoescape\s+off\s*%\}")
 
 

@@ -21,6 +21,9 @@ from approvals import policies, rules
 from approvals.services import request_approval
 from checkpoints import storage
 from checkpoints.storage.tool_results import put_tool_result
+from notifications import dispatch
+from notifications.endpoints import SubscriptionSpec, create_endpoint
+from notifications.models import Delivery
 from quicksave_agents import runs, tool_calls
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.conftest import handshake, person
@@ -30,6 +33,8 @@ PRINCIPALS = (OWNER, FOREIGN, VIEWER, REVIEWER, ADMIN, ANONYMOUS)
 ACCEPT = "accept"
 
 CHECKPOINT = {"parent": "{head}", "state": {"n": 3}}
+CHANNEL = {"name": "new", "kind": "webhook", "url": "https://hooks.example.com/q"}
+CHANNEL_FORM = {"name": "new", "kind": "email", "recipients": "a@example.com", "events": "approval.requested"}
 APPROVAL = {"checkpoint": "{head}", "action": "pay"}
 RULE = {"name": "small refunds", "action": "refund", "conditions": [{"path": "/amount", "op": "lt", "value": 20}]}
 POLICY_FORM = {"action": "book", "approvals_needed": 1, "rejections_needed": 1, "at_deadline": "reject"}
@@ -39,7 +44,8 @@ RULE_FORM = {"name": "small refunds", "action": "refund", "max_risk": "low",
 # (method, path, body): statuses for owner key, foreign key, viewer, reviewer, admin, anonymous.
 # The thread belongs to the owner key's agent; it has checkpoints {first} -> {head}, a pending
 # approval on {head}, a cached tool result "{tool}", a call started without a result "{call}" and a
-# run leased to the owner key.
+# run leased to the owner key; a notification endpoint "{endpoint}" with a subscription "{subscription}" and
+# a delivery "{delivery}" of the approval's request, whose message carries the decision link "{token}".
 API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/", None, (200, 200, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/", {"agent": "travel", "external_id": "new"}, (201, 403, 403, 403, 201, 401)),
@@ -77,6 +83,15 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("POST", "/api/v1/runs/{run}/heartbeat/", {}, (200, 404, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/complete/", {}, (200, 404, 403, 403, 403, 401)),
     ("POST", "/api/v1/runs/{run}/fail/", {"error": "boom"}, (200, 404, 403, 403, 403, 401)),
+    ("GET", "/api/v1/notifications/endpoints/", None, (403, 403, 403, 403, 200, 401)),
+    ("POST", "/api/v1/notifications/endpoints/", CHANNEL, (403, 403, 403, 403, 201, 401)),
+    ("GET", "/api/v1/notifications/endpoints/{endpoint}/", None, (403, 403, 403, 403, 200, 401)),
+    ("PATCH", "/api/v1/notifications/endpoints/{endpoint}/", {"enabled": False}, (403, 403, 403, 403, 200, 401)),
+    ("DELETE", "/api/v1/notifications/endpoints/{endpoint}/", None, (403, 403, 403, 403, 204, 401)),
+    ("POST", "/api/v1/notifications/endpoints/{endpoint}/rotate-secret/", None, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/notifications/deliveries/", None, (403, 403, 403, 403, 200, 401)),
+    ("GET", "/api/v1/notifications/deliveries/{delivery}/", None, (403, 403, 403, 403, 200, 401)),
+    ("POST", "/api/v1/notifications/deliveries/{delivery}/redeliver/", None, (403, 403, 403, 403, 201, 401)),
 ]  # fmt: skip
 
 # Pages use the session only: an agent key opens no page (it is sent to the login page).
@@ -116,6 +131,21 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/policies/rules/{rule}/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/rules/{rule}/revoke/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/policies/rules/{rule}/revoke/", {"reason": "gone"}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/new/", CHANNEL_FORM, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/{endpoint}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/", {"name": "ops"}, (302, 302, 403, 403, 302, 302)),
+    ("POST", "/notifications/{endpoint}/subscriptions/", {"events": "thread.failed"}, (302, 302, 403, 403, 302, 302)),
+    ("POST", "/notifications/{endpoint}/subscriptions/{subscription}/remove/", {}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/{endpoint}/secret/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/secret/", {}, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/notifications/{endpoint}/delete/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/{endpoint}/delete/", {}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/notifications/deliveries/{delivery}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/notifications/deliveries/{delivery}/send-again/", {}, (302, 302, 403, 403, 302, 302)),
+    # A decision link: anyone who may decide, once signed in (an agent key is no sign-in).
+    ("GET", "/notifications/decide/{token}/", None, (302, 302, 403, 200, 200, 302)),
+    ("POST", "/notifications/decide/{token}/", {}, (302, 302, 403, 302, 302, 302)),
 ]  # fmt: skip
 
 # Websockets: ACCEPT, or the close code the consumer answers with.
@@ -164,7 +194,12 @@ def build_world() -> World:
     head = storage.append_checkpoint(thread=thread, parent=first.pk, state={"n": 2}, label="head")
     put_tool_result(thread=thread, key="search-1", result={"hits": 3}, checkpoint=head)
     tool_calls.begin(thread_id=thread.pk, key="call-1", tool="send", args={"to": "a@b.c"})
+    endpoint, _ = create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", decision_links=True,
+                                  subscriptions=[SubscriptionSpec(events=["approval.requested"])],
+                                  actor=User.objects.create_user("world-admin"))  # fmt: skip
     approval = request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})
+    dispatch.fan_out()
+    delivery = Delivery.objects.get()
     runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
     run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
     assert run is not None
@@ -174,7 +209,9 @@ def build_world() -> World:
     rule = rules.create_rule(name="tiny refunds", agent=agent, action="refund", actor=maker,
                              conditions=[{"path": "/amount", "op": "lt", "value": 5}])  # fmt: skip
     ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
-           "policy": version.policy_id, "rule": rule.pk}  # fmt: skip
+           "policy": version.policy_id, "rule": rule.pk, "endpoint": endpoint.pk,
+           "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
+           "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2]}  # fmt: skip
     return World(
         ids={
             **{name: str(value) for name, value in ids.items()},

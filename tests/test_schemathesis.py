@@ -1,6 +1,7 @@
 """Schemathesis against /api/schema/: generated requests, valid and invalid, to every operation of a
-running server, signed with an agent key (and the policies' operations again as an admin). No answer
-may be a 5xx, a 2xx must match its documented schema, and every 4xx must be in the error format."""
+running server, signed with an agent key (and the policies' and notifications' operations again as an
+admin). No answer may be a 5xx, a 2xx must match its documented schema, and every 4xx must be in the
+error format."""
 
 from __future__ import annotations
 
@@ -99,6 +100,19 @@ def admin_session(world: dict[str, str], server_url: str) -> dict[str, str]:
                                                     actor=admin).policy_id)  # fmt: skip
     world["rule_id"] = str(rules.create_rule(name="tiny", agent=agent, action="refund", actor=admin,
                                              conditions=[{"path": "/n", "op": "lt", "value": 5}]).pk)  # fmt: skip
+    # A notification channel with one delivery, for the notifications API (nothing sends it: the
+    # server runs no dispatcher).
+    from notifications import dispatch
+    from notifications.endpoints import SubscriptionSpec, create_endpoint
+    from notifications.models import Delivery
+
+    endpoint, _ = create_endpoint(name="ops", kind="webhook", url="http://127.0.0.1:9/unused", actor=admin,
+                                  subscriptions=[SubscriptionSpec(events=["approval.requested"])])  # fmt: skip
+    thread, _ = storage.create_thread(agent=agent, external_id="noticed")
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
+    request_approval(thread=thread, checkpoint=head, action="deploy", args={"env": "prod"})
+    dispatch.fan_out()
+    world["endpoint_id"], world["delivery_id"] = str(endpoint.pk), str(Delivery.objects.get().pk)
     browser = Client()
     browser.force_login(admin)
     session = browser.cookies["sessionid"].value
@@ -108,10 +122,10 @@ def admin_session(world: dict[str, str], server_url: str) -> dict[str, str]:
     return {"sessionid": session, "csrftoken": token}
 
 
-@schema.include(path_regex="^/api/v1/policies/").parametrize()
+@schema.include(path_regex="^/api/v1/(policies|notifications)/").parametrize()
 @settings(max_examples=EXAMPLES_PER_OPERATION, deadline=None, derandomize=True,
           suppress_health_check=list(HealthCheck))  # fmt: skip
-def test_generated_policy_requests_as_an_admin_get_no_5xx_and_answers_match_the_schema(
+def test_generated_policy_and_notification_requests_as_an_admin_get_no_5xx_and_answers_match_the_schema(
     case: Any, world: dict[str, str], admin_session: dict[str, str]
 ) -> None:
     for name, value in world.items():

@@ -9,11 +9,15 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from prometheus_client import start_http_server
 
+from quicksave import background
 from quicksave_agents.worker import Worker
 
 
 class Command(BaseCommand):
-    help = "Run in-process agents: claim queued runs (woken by NOTIFY), drive each agent, repeat."
+    help = (
+        "Run in-process agents: claim queued runs (woken by NOTIFY), drive each agent, repeat; and beside them the "
+        "background services apps register (the notifications dispatcher)."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--agent", action="append", dest="agents", help="Only these agents (repeatable)")
@@ -29,6 +33,9 @@ class Command(BaseCommand):
         )
         parser.add_argument("--metrics-address", default="127.0.0.1",
                             help="Address the metrics port binds (default 127.0.0.1)")  # fmt: skip
+        parser.add_argument(
+            "--no-services", action="store_true", help="Run no background service (the notifications dispatcher)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -45,5 +52,7 @@ class Command(BaseCommand):
                 pass
             return
         signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
+        if not options["no_services"]:
+            background.start_all(worker.stopping)
         with contextlib.suppress(KeyboardInterrupt):
             worker.run_forever()

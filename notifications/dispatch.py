@@ -37,7 +37,6 @@ from django.contrib.auth.models import User
 from django.db import close_old_connections, connection, connections, transaction
 from django.db.models import Min
 from django.utils import timezone
-from psycopg.conninfo import make_conninfo
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus
 from audit import trail
@@ -58,6 +57,7 @@ from notifications.models import (
 )
 from notifications.secrets import UnreadableCredentials
 from quicksave.errors import DomainError
+from quicksave.listen import Listener
 
 log = logging.getLogger(__name__)
 
@@ -406,46 +406,6 @@ def seconds_until_due(now: datetime | None = None) -> float | None:
     return max((due - (now or timezone.now())).total_seconds(), 0.0)
 
 
-class Wakeups:
-    """A LISTEN on the dispatchers' channel over a connection of its own (LISTEN must sit outside
-    Django's transactions). Opened before looking for work, so a notice queued between the look
-    and the wait still wakes the waiter."""
-
-    def __init__(self) -> None:
-        db = settings.DATABASES["default"]
-        options = {key: value for key, value in db["OPTIONS"].items() if isinstance(value, str)}
-        self._conninfo = make_conninfo(
-            dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
-            host=db["HOST"] or None, port=db["PORT"] or None, **options,
-        )  # fmt: skip
-        self._connection: psycopg.Connection[Any] | None = None
-
-    def __enter__(self) -> Wakeups:
-        self._open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _open(self) -> psycopg.Connection[Any]:
-        if self._connection is None or self._connection.closed:
-            self._connection = psycopg.connect(self._conninfo, autocommit=True)
-            self._connection.execute(f"LISTEN {CHANNEL}")
-        return self._connection
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    def wait(self, timeout: float) -> bool:
-        """Block until woken or `timeout` seconds pass; True when woken."""
-        woken = False
-        for _ in self._open().notifies(timeout=timeout, stop_after=1):
-            woken = True
-        return woken
-
-
 class Dispatcher:
     """Fans out and claims in its own thread; `concurrency` sender threads send and record, so a
     slow receiver holds up one sender, not the rest."""
@@ -472,7 +432,7 @@ class Dispatcher:
         for sender in self._senders:
             sender.start()
         try:
-            with Wakeups() as wakeups:
+            with Listener(CHANNEL) as wakeups:
                 while not stopping.is_set():
                     try:
                         busy = self.run_once()
@@ -506,7 +466,7 @@ class Dispatcher:
             self._work.put(delivery)
         return bool(moved or claimed)
 
-    def _wait(self, wakeups: Wakeups, stopping: threading.Event) -> None:
+    def _wait(self, wakeups: Listener, stopping: threading.Event) -> None:
         timeout = self.poll_seconds
         try:
             due = seconds_until_due()

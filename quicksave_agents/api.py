@@ -123,7 +123,7 @@ class ClaimView(APIView):
         agent: Agent = principal.agent
         deadline = time.monotonic() + serializer.validated_data["wait"]
         # Listen before looking, so a run queued in between still wakes this request.
-        with runs.RunNotifications() as notifications:
+        with runs.run_notifications() as notifications:
             while True:
                 run = runs.claim_run(agents=[agent], worker=_worker(principal))
                 remaining = deadline - time.monotonic()

@@ -13,16 +13,15 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-import psycopg
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
-from psycopg.conninfo import make_conninfo
 
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage import record_event
 from quicksave import metrics, telemetry
 from quicksave.errors import DomainError
+from quicksave.listen import Listener
 from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 
@@ -165,49 +164,12 @@ def release_run(*, run: Run, worker: str, fence: Fence | None = None) -> Run:
     return locked
 
 
-class RunNotifications:
-    """A LISTEN on `quicksave_runs` over a connection of its own (LISTEN must sit outside
-    Django's transactions), to settings.DATABASE_LISTEN: PostgreSQL itself even when the other
-    queries go through a transaction pooler, which would hand the LISTEN's session to someone else.
-    Open it before looking for work, so a run queued between the look and the wait still wakes
-    the waiter. (NOTIFY, sent inside the queuing transaction, works through a pooler.)"""
-
-    def __init__(self) -> None:
-        db = settings.DATABASE_LISTEN
-        self._conninfo = make_conninfo(
-            dbname=db["NAME"], user=db["USER"] or None, password=db["PASSWORD"] or None,
-            host=db["HOST"] or None, port=db["PORT"] or None,
-        )  # fmt: skip
-        self._connection: psycopg.Connection[Any] | None = None
-
-    def __enter__(self) -> RunNotifications:
-        self._open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _open(self) -> psycopg.Connection[Any]:
-        if self._connection is None or self._connection.closed:
-            self._connection = psycopg.connect(self._conninfo, autocommit=True)
-            self._connection.execute(f"LISTEN {CHANNEL}")
-        return self._connection
-
-    def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    def wait(self, timeout: float) -> bool:
-        """Block until a run is queued or `timeout` seconds pass; True when woken by a notification.
-        Opens the connection again if it was closed (after a psycopg.Error, say)."""
-        woken = False
-        for _ in self._open().notifies(timeout=timeout, stop_after=1):
-            woken = True
-        return woken
+def run_notifications() -> Listener:
+    """A LISTEN for queued runs (see quicksave.listen): open it before looking for work."""
+    return Listener(CHANNEL)
 
 
 __all__ = [
-    "LeaseLost", "RunFinished", "RunNotifications", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
-    "heartbeat", "release_run",
+    "LeaseLost", "RunFinished", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
+    "heartbeat", "release_run", "run_notifications",
 ]  # fmt: skip

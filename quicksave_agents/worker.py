@@ -27,17 +27,18 @@ from django.db import close_old_connections, connections
 
 from approvals.services import expire_due
 from quicksave import logs, telemetry
+from quicksave.listen import Listener
 from quicksave_agents import runtime
 from quicksave_agents.models import Agent, Run, RunStatus
 from quicksave_agents.runs import (
     LeaseLost,
     RunFinished,
-    RunNotifications,
     claim_run,
     fence_of,
     finish_run,
     heartbeat,
     release_run,
+    run_notifications,
 )
 
 log = logging.getLogger(__name__)
@@ -111,7 +112,7 @@ class Worker:
         return list(Agent.objects.filter(name__in=self.agent_names))
 
     def run_forever(self) -> None:
-        with RunNotifications() as notifications:
+        with run_notifications() as notifications:
             while not self.stopping.is_set():
                 try:
                     worked = self.run_once()
@@ -123,7 +124,7 @@ class Worker:
                     close_old_connections()
                     self._wait(notifications)
 
-    def _wait(self, notifications: RunNotifications) -> None:
+    def _wait(self, notifications: Listener) -> None:
         """Wait for a run to be queued, or the poll interval. A LISTEN connection that broke (a
         restart or failover of PostgreSQL, an idle-connection reaper) is opened again next time."""
         log.debug("worker %s: idle, waiting up to %g s for a run", self.name, self.poll_seconds)

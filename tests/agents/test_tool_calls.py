@@ -27,7 +27,7 @@ from quicksave_agents.fencing import Fence, LeaseLost
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent as AgentRecord
 from quicksave_agents.models import Run, RunStatus, ToolCall, ToolCallState
-from quicksave_agents.runs import CHANNEL, RunNotifications, claim_run
+from quicksave_agents.runs import CHANNEL, claim_run, run_notifications
 from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, register, start_thread
 from quicksave_agents.worker import Worker
 from tests.conftest import person, signed_in
@@ -418,7 +418,7 @@ def test_a_tool_that_exits_fails_its_thread_and_not_the_worker(db: Any, monkeypa
 @pytest.mark.django_db(transaction=True)
 def test_a_broken_listen_connection_is_opened_again_and_the_worker_goes_on(db: Any) -> None:
     worker = Worker(agent_names=[MailAgent.name], name="listener", poll_seconds=0.05)
-    with RunNotifications() as notifications:
+    with run_notifications() as notifications:
         worker._wait(notifications)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query = %s",

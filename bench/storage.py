@@ -1,4 +1,4 @@
-"""Tiered-storage benchmark: large-value offload and the Redis hot path against PostgreSQL.
+"""Tiered-storage benchmark: large-value offload, and latest-state reads from PostgreSQL.
 
 Usage (from /work/main)::
 
@@ -11,16 +11,13 @@ twice into the bench database: with offload (values above QUICKSAVE_OFFLOAD_BYTE
 blob storage, here a temporary directory) and without (the limit raised above any
 value). For each: PostgreSQL bytes (pg_total_relation_size of the store's tables),
 blob bytes, write rate. Then the latest-state read of the offloaded thread, median of
-21, from a process that has materialised nothing: with the head's state in Redis (the
-hot path) and from PostgreSQL alone, the two alternating.
+21, from a process that has materialised nothing.
 
 Then latest-state reads of threads whose states are about 10 KB, 100 KB and 1 MB (grown one
 1,000-character message a step), by 1 and by 4 reader processes at once, each read from a
-process that has materialised nothing and opened no data key: served by Redis (the hot cache
-on) or by PostgreSQL alone (QUICKSAVE_HOT_TTL_SECONDS=0). The machine may be shared, so the two
-alternate in rounds (a batch from one, then the same batch from the other, the order swapped
-each round) and the figures are medians and p95s of every read, with the ratio of the medians
-and the median of each round's ratio. The last line is one JSON object.
+process that has materialised nothing and opened no data key: medians and p95s of every read,
+the readers' batches spread over rounds. docs/hot-path.md compares the same reads served by the
+Redis hot cache, which those figures removed. The last line is one JSON object.
 """
 
 from __future__ import annotations
@@ -56,10 +53,6 @@ STATE_SIZES = (10 * 1024, 100 * 1024, 1024 * 1024)
 READERS = (1, 4)
 ROUNDS = 10
 BATCH = 10  # reads each reader makes per batch
-SERVED_BY = ("redis", "postgresql")
-# Before each read a reader forgets everything (a new process) or only the states it materialised
-# (a process that read the thread before, so knows its branch and holds its data key).
-FORGOTTEN = ("everything", "states")
 
 
 def attachment(rng: random.Random) -> str:
@@ -128,7 +121,7 @@ def reads(thread: Any, blob_dir: Path) -> dict[str, float]:
     from django.test import override_settings
 
     from checkpoints import storage
-    from checkpoints.storage import crypto, hotcache
+    from checkpoints.storage import crypto
 
     storages = {
         "quicksave_blobs": {
@@ -143,27 +136,9 @@ def reads(thread: Any, blob_dir: Path) -> dict[str, float]:
         crypto.forget_keys()
         return storage.latest_state(thread=thread)[1]
 
-    def from_postgresql() -> dict[str, Any]:
-        with override_settings(QUICKSAVE_HOT_TTL_SECONDS=0):
-            return latest()
-
-    out: dict[str, float] = {}
     with override_settings(STORAGES=storages, QUICKSAVE_MAX_STATE_BYTES=64 * 1024 * 1024):
-        expected = from_postgresql()
-        if not hotcache.enabled():
-            out["pg_read_ms"] = median_ms(from_postgresql, READS)
-            return out
-        assert latest() == expected  # the first read puts the head's state in Redis
-        pg: list[float] = []
-        hot: list[float] = []
-        for index in range(READS):  # alternating, so a noisy moment falls on both
-            for fn, samples in [(from_postgresql, pg), (latest, hot)][:: 1 if index % 2 else -1]:
-                started = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - started) * 1000)
-        out["pg_read_ms"], out["hot_read_ms"] = statistics.median(pg), statistics.median(hot)
-        assert hotcache.status()["status"] == "ok", hotcache.status()
-    return out
+        latest()  # the first read replays and saves the branch's materialised head
+        return {"pg_read_ms": median_ms(latest, READS)}
 
 
 # --------------------------------------------------------------------------- concurrent latest reads
@@ -192,51 +167,22 @@ def _reader(tasks: Any, results: Any, barrier: Any) -> None:
     import django
 
     django.setup()
-    from django.test import override_settings
-
     from checkpoints import storage
     from checkpoints.storage import crypto
-    from checkpoints.storage.nodes import states
 
     while (task := tasks.get()) is not None:
-        served_by, forgotten, thread_id, head_id, count, together = task
+        thread_id, head_id, count, together = task
         samples = []
-        with override_settings(**({} if served_by == "redis" else {"QUICKSAVE_HOT_TTL_SECONDS": 0})):
-            if together:
-                barrier.wait()
-            for _ in range(count):
-                if forgotten == "everything":
-                    storage.clear_caches()  # a process that has materialised nothing, knows no branch
-                    crypto.forget_keys()  # and has opened no data key
-                else:
-                    states.clear()  # one that has read the thread before, but not this head
-                started = time.perf_counter()
-                head, _ = storage.latest_state(thread=thread_id)
-                samples.append((time.perf_counter() - started) * 1000)
-                assert head == head_id
+        if together:
+            barrier.wait()
+        for _ in range(count):
+            storage.clear_caches()  # a process that has materialised nothing, knows no branch
+            crypto.forget_keys()  # and has opened no data key
+            started = time.perf_counter()
+            head, _ = storage.latest_state(thread=thread_id)
+            samples.append((time.perf_counter() - started) * 1000)
+            assert head == head_id
         results.put(samples)
-
-
-def _check_served_by(thread: Any) -> dict[str, int]:
-    """Payload queries of one cold latest read each way: none from Redis, some from PostgreSQL.
-    Also leaves the head materialised and in Redis, so the timed reads find both."""
-    from django.db import connection
-    from django.test import override_settings
-    from django.test.utils import CaptureQueriesContext
-
-    from checkpoints import storage
-    from checkpoints.storage import crypto
-
-    counts = {}
-    for served_by in ("postgresql", "redis", "postgresql", "redis"):  # the first of each fills
-        storage.clear_caches()
-        crypto.forget_keys()
-        ttl = {} if served_by == "redis" else {"QUICKSAVE_HOT_TTL_SECONDS": 0}
-        with override_settings(**ttl), CaptureQueriesContext(connection) as queries:
-            storage.latest_state(thread=thread)
-        counts[served_by] = sum("payload" in query["sql"] for query in queries.captured_queries)
-    assert counts["redis"] == 0 and counts["postgresql"] > 0, counts
-    return counts
 
 
 def p95(samples: list[float]) -> float:
@@ -244,16 +190,17 @@ def p95(samples: list[float]) -> float:
 
 
 def concurrent_reads(sizes: Sequence[int], rounds: int, batch: int) -> list[dict[str, Any]]:
-    """Latest reads served by Redis and by PostgreSQL, alternating, by 1 and by 4 reader processes."""
+    """Cold latest reads by 1 and by 4 reader processes at once, `rounds` batches of `batch` each."""
     from django.db import connections
 
-    from checkpoints.storage import hotcache
+    from checkpoints import storage
     from quicksave_agents.keys import get_or_create_agent
 
-    assert hotcache.enabled(), "the Redis side needs REDIS_URL and QUICKSAVE_HOT_TTL_SECONDS > 0"
     agent = get_or_create_agent(name="bench-storage-reads")
     threads = [grow_thread(agent, size) for size in sizes]
-    queries = [_check_served_by(thread) for thread, _ in threads]
+    for thread, _ in threads:
+        storage.clear_caches()
+        storage.latest_state(thread=thread)  # saves the materialised head, as the first reader would
     connections.close_all()
 
     context = multiprocessing.get_context("spawn")
@@ -263,42 +210,29 @@ def concurrent_reads(sizes: Sequence[int], rounds: int, batch: int) -> list[dict
     readers = [context.Process(target=_reader, args=(queue, results, barrier), daemon=True) for queue in queues]
     for reader in readers:
         reader.start()
-    samples: dict[tuple[int, int, str, str], list[float]] = {}
-    round_ratios: dict[tuple[int, int, str], list[float]] = {}
+    samples: dict[tuple[int, int], list[float]] = {}
     try:
         # Round -1 warms each reader up (imports, connections, prepared statements) and is not counted.
         for index in range(-1, rounds):
-            for (thread, head), size in zip(threads, sizes, strict=True):
-                for count in READERS:
-                    for forgotten in FORGOTTEN:
-                        medians = {}
-                        for served_by in SERVED_BY[:: 1 if index % 2 == 0 else -1]:
-                            for queue in queues[:count]:
-                                queue.put((served_by, forgotten, thread.pk, head.pk, batch, count > 1))
-                            got = [sample for _ in range(count) for sample in results.get(timeout=600)]
-                            if index >= 0:
-                                samples.setdefault((size, count, forgotten, served_by), []).extend(got)
-                                medians[served_by] = statistics.median(got)
-                        if index >= 0:
-                            ratio = medians["redis"] / medians["postgresql"]
-                            round_ratios.setdefault((size, count, forgotten), []).append(ratio)
+            for ((thread, head), size), count in itertools.product(zip(threads, sizes, strict=True), READERS):
+                for queue in queues[:count]:
+                    queue.put((thread.pk, head.pk, batch, count > 1))
+                got = [sample for _ in range(count) for sample in results.get(timeout=600)]
+                if index >= 0:
+                    samples.setdefault((size, count), []).extend(got)
     finally:
         for queue in queues:
             queue.put(None)
         for reader in readers:
             reader.join(60)
     rows = []
-    for (_, head), size, payload_queries in zip(threads, sizes, queries, strict=True):
-        for count, forgotten in itertools.product(READERS, FORGOTTEN):
-            redis_ms, pg_ms = (samples[(size, count, forgotten, served_by)] for served_by in SERVED_BY)
+    for (_, head), size in zip(threads, sizes, strict=True):
+        for count in READERS:
+            taken = samples[(size, count)]
             rows.append({
-                "state_bytes": head.state_bytes, "readers": count, "forgotten": forgotten, "reads": len(redis_ms),
-                "chain_length": head.chain_length, "pg_payload_queries": payload_queries["postgresql"],
-                "redis_p50_ms": round(statistics.median(redis_ms), 3), "redis_p95_ms": round(p95(redis_ms), 3),
-                "pg_p50_ms": round(statistics.median(pg_ms), 3), "pg_p95_ms": round(p95(pg_ms), 3),
-                "ratio_p50": round(statistics.median(redis_ms) / statistics.median(pg_ms), 3),
-                "ratio_p95": round(p95(redis_ms) / p95(pg_ms), 3),
-                "ratio_per_round_median": round(statistics.median(round_ratios[(size, count, forgotten)]), 3),
+                "state_bytes": head.state_bytes, "readers": count, "reads": len(taken),
+                "chain_length": head.chain_length,
+                "pg_p50_ms": round(statistics.median(taken), 3), "pg_p95_ms": round(p95(taken), 3),
             })  # fmt: skip
     return rows
 
@@ -328,19 +262,11 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{offloaded['blob_bytes'] / mib:.1f} MiB, {offloaded['cps']:6.1f} checkpoints/s")  # fmt: skip
     print(f"  PostgreSQL bytes: {plain['pg_bytes'] / offloaded['pg_bytes']:.1f}x smaller with offload")
     print(f"  latest-state read from PostgreSQL: {read['pg_read_ms']:.1f} ms (median of {READS}, cold process)")
-    if "hot_read_ms" in read:
-        print(f"  latest-state read from the Redis hot path: {read['hot_read_ms']:.1f} ms "
-              f"(Redis / PostgreSQL {read['hot_read_ms'] / read['pg_read_ms']:.2f})")  # fmt: skip
-    print(
-        f"Latest-state reads, {args.rounds} alternating rounds of {args.batch} reads per reader "
-        "(ms; ratio = Redis / PostgreSQL, lower favours Redis):"
-    )
-    print(f"  {'state':>9} {'readers':>7} {'forgotten':>10} {'Redis p50':>9} {'p95':>7} {'PG p50':>7} {'p95':>7} "
-          f"{'ratio p50':>9} {'p95':>6} {'per round':>9}")  # fmt: skip
+    print(f"Latest-state reads from cold processes, {args.rounds} rounds of {args.batch} reads per reader (ms):")
+    print(f"  {'state':>9} {'readers':>7} {'p50':>7} {'p95':>7}")
     for row in concurrent:
-        print(f"  {row['state_bytes'] / 1024:7.0f}KB {row['readers']:7d} {row['forgotten']:>10} "
-              f"{row['redis_p50_ms']:9.2f} {row['redis_p95_ms']:7.2f} {row['pg_p50_ms']:7.2f} {row['pg_p95_ms']:7.2f} "
-              f"{row['ratio_p50']:9.2f} {row['ratio_p95']:6.2f} {row['ratio_per_round_median']:9.2f}")  # fmt: skip
+        print(f"  {row['state_bytes'] / 1024:7.0f}KB {row['readers']:7d} "
+              f"{row['pg_p50_ms']:7.2f} {row['pg_p95_ms']:7.2f}")  # fmt: skip
     summary = {
         "steps": args.steps,
         "offload_pg_bytes": offloaded["pg_bytes"],
@@ -348,7 +274,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "offload_blob_bytes": offloaded["blob_bytes"],
         "offload_cps": round(offloaded["cps"], 1),
         "no_offload_cps": round(plain["cps"], 1),
-        "hot_read_ms": round(read["hot_read_ms"], 3) if "hot_read_ms" in read else None,
         "pg_read_ms": round(read["pg_read_ms"], 3),
         "concurrent_reads": concurrent,
     }

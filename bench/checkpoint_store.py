@@ -198,8 +198,6 @@ def summary(
     out["latest_read_ms"] = round(qs.latest_read_ms, 3) if qs else None
     # The first, truly cold read (it replays, then saves the materialised head the median reads).
     out["latest_read_first_ms"] = qs.extra.get("latest_read_first_ms") if qs else None
-    # The same read with the head's state in Redis (the hot path every other process takes).
-    out["latest_read_hot_ms"] = qs.extra.get("latest_read_hot_ms") if qs else None
     out["state_at_ms"] = round(qs.state_at_ms, 3) if qs else None
     out["http_cps"] = round(http.cps, 1) if http else None
     out["http_p99_ms"] = http.extra.get("p99_ms") if http else None

@@ -181,10 +181,8 @@ def langgraph_ablation_figures(data: dict[str, Any]) -> list[Figure]:
 
 def storage_figures(data: dict[str, Any]) -> list[Figure]:
     out = _ratio(data, "PostgreSQL bytes, no offload / offload", "no_offload_pg_bytes", "offload_pg_bytes", "higher")
-    out += _ratio(data, "latest read, PostgreSQL / Redis hot path", "pg_read_ms", "hot_read_ms", "higher")
     out += _ratio(data, "writes, offload / no offload", "offload_cps", "no_offload_cps", "higher")
     out += _given(data, "pg_read_ms", "lower", "absolute")
-    out += _given(data, "hot_read_ms", "lower", "absolute")
     return out
 
 

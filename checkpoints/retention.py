@@ -423,9 +423,8 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
     for a thread that is busy (see BUSY_STATUSES) or has a row that fails its integrity check;
     nothing changes then. Compacting again with the same N removes nothing.
 
-    Caches: the engine drops this process's states of the thread and the Redis hot entries of
-    every removed or changed row, before commit (a Redis error refuses the compaction) and again
-    after it. Another process may still hold one of those rows in its in-memory state cache:
+    Caches: the engine drops this process's states of the thread and the thread's materialised
+    heads. Another process may still hold one of those rows in its in-memory state cache:
     reading a state from there stays right (states never change), and an append after it fails
     its parent-MAC check and retries from the stored row.
     """
@@ -442,12 +441,7 @@ def compact_thread(*, thread: Thread | UUID, keep_every: int, dry_run: bool = Fa
         if not removed:
             return Compaction(thread_id)
         kept, bytes_before = _rewrite(row, removed=removed, kept_ids=kept_ids, seal=not dry_run)
-        try:
-            changed = storage.rewrite_chain(
-                thread=row, kept=[k.relinked() for k in kept], removed=removed, dry_run=dry_run
-            )
-        except storage.CacheUnavailable as exc:
-            raise CompactionRefused(exc.message) from None
+        changed = storage.rewrite_chain(thread=row, kept=[k.relinked() for k in kept], removed=removed, dry_run=dry_run)
         result = Compaction(
             thread_id, removed=len(removed), rewritten=sum(k.rewritten for k in kept),
             remacked=len(changed) - len(removed), bytes_before=bytes_before,

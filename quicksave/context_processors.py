@@ -16,14 +16,7 @@ def dashboard(request: HttpRequest) -> dict[str, Any]:
         "pending_approvals": _pending(request) if role else 0,
         "can_review": role in (REVIEWER, ADMIN),
         "can_admin": role == ADMIN,
-        "hot_cache": _hot_cache() if role else None,
     }
-
-
-def _hot_cache() -> dict[str, Any]:
-    from checkpoints.storage import hotcache
-
-    return hotcache.status(probe=True)
 
 
 def _pending(request: HttpRequest) -> int:

@@ -279,11 +279,6 @@ QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
 QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
 
-# Hot path (checkpoints/storage/hotcache.py): head states in Redis, when REDIS_URL is set.
-QUICKSAVE_HOT_TTL_SECONDS = envint("QUICKSAVE_HOT_TTL_SECONDS", 3600, minimum=0)
-QUICKSAVE_HOT_TIMEOUT_MS = envint("QUICKSAVE_HOT_TIMEOUT_MS", 250, minimum=1)
-QUICKSAVE_HOT_RETRY_SECONDS = envint("QUICKSAVE_HOT_RETRY_SECONDS", 2, minimum=0)
-
 # Encryption at rest (checkpoints/storage/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)
 QUICKSAVE_ENCRYPTION_KEYS = envsecret(

@@ -16,7 +16,6 @@ from checkpoints.storage import lent_connection
 from quicksave.roles import grant_role
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.models import Agent
-from tests.processes import RedisServer
 
 
 @pytest.fixture(autouse=True)
@@ -141,25 +140,6 @@ def server_url(django_db_setup: Any) -> Iterator[str]:
         yield f"http://127.0.0.1:{port}"
     finally:
         stop(process)
-
-
-@pytest.fixture
-def redis_server(settings: Any) -> Iterator[RedisServer]:
-    """A private redis-server as the hot cache, which a test may kill and start again."""
-    from checkpoints import storage
-    from checkpoints.storage import hotcache
-
-    server = RedisServer()
-    server.start()
-    settings.REDIS_URL = server.url
-    settings.QUICKSAVE_HOT_RETRY_SECONDS = 0
-    hotcache.reset()
-    storage.clear_caches()
-    yield server
-    if server.process is not None and server.process.poll() is None:
-        server.kill()
-    hotcache.reset()
-    storage.clear_caches()
 
 
 @pytest.fixture(autouse=True)

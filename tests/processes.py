@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, cast
 from urllib.parse import quote, urlencode, urlunsplit
 
 import httpx
@@ -133,12 +132,6 @@ class RedisServer:
 
     def client(self) -> redis.Redis:
         return redis.Redis.from_url(self.url)
-
-    def entry(self, checkpoint_id: Any) -> bytes | None:
-        """The hot-cache entry of a checkpoint, as Redis holds it."""
-        from checkpoints.storage import hotcache
-
-        return cast("bytes | None", self.client().get(f"{hotcache.PREFIX}{checkpoint_id}"))
 
 
 class Workers:

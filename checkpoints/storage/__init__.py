@@ -3,8 +3,8 @@
 It owns the `checkpoints_checkpoint`, `_branch`, `_event`, `_materialisedhead`, `_threadkey`,
 `_blob` and `_toolresult` rows as the engine writes them: a checkpoint's payload (a delta or a
 snapshot, framed by `codec`, sealed by `crypto`, large values offloaded by `blobs`), its
-integrity MAC chained from its parent's, and the caches that save replays (this process's
-`nodes`, Redis's `hotcache`).
+integrity MAC chained from its parent's, and what saves replays (this process's `nodes`, and
+each branch's materialised head in PostgreSQL).
 
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
 approvals) use the names below: append, read a state, diff, the thread and branch writes, the
@@ -12,7 +12,7 @@ tool-result cache, and for lifecycle work the payload primitives, integrity chec
 `rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
 internal; the primitives a few callers need by module are `codec` (framing and MACs), `crypto`
 (sealing a value to its row), `jsonpatch` (RFC 6902), `lru` (the one cache helper),
-`hotcache.status`, `blobs` (reading an offloaded value) and `lent_connection`.
+`blobs` (reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
@@ -42,7 +42,7 @@ from checkpoints.storage.reads import (
     load_node,
     state_at,
 )
-from checkpoints.storage.rewrite import CacheUnavailable, Relinked, rewrite_chain
+from checkpoints.storage.rewrite import Relinked, rewrite_chain
 from checkpoints.storage.threads import (
     create_thread,
     delete_thread,
@@ -68,7 +68,6 @@ __all__ = [
     "MAX_KEY_LENGTH",
     "MAX_TOOL_LENGTH",
     "REPLAY_COST_PER_BYTE",
-    "CacheUnavailable",
     "Collected",
     "IntegrityFailure",
     "InvalidPatch",

@@ -40,7 +40,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, codec, cursors, hotcache
+from checkpoints.storage import blobs, codec, cursors
 from checkpoints.storage.branches import MAIN_BRANCH, branch_by_name, branch_head, forget_thread, get_branch_name
 from checkpoints.storage.errors import (
     InvalidState,
@@ -82,7 +82,6 @@ def _retrying_stale_cache(write: Callable[P, R]) -> Callable[P, R]:
             return write(*args, **kwargs)
         except _StaleCache as stale:
             states.drop(stale.parent_id)
-            hotcache.forget([stale.parent_id])
             return write(*args, **kwargs)
 
     return wrapper

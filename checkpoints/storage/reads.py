@@ -1,5 +1,5 @@
-"""Reading a state: materialise a checkpoint from this process's cache, Redis (`hotcache`), a
-branch's materialised head or a replay of deltas from the nearest snapshot, checking every row."""
+"""Reading a state: materialise a checkpoint from this process's cache, a branch's materialised
+head or a replay of deltas from the nearest snapshot, checking every row."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from checkpoints.models import (
     PayloadKind,
     Thread,
 )
-from checkpoints.storage import blobs, branches, codec, crypto, cursors, hotcache
+from checkpoints.storage import blobs, branches, codec, crypto, cursors
 from checkpoints.storage.branches import MAIN_BRANCH, head_by_name
 from checkpoints.storage.errors import (
     IntegrityFailure,
@@ -102,36 +102,19 @@ def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _
 def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
     """Materialise a checkpoint, checking the integrity of every row replayed.
 
-    Looks in this process's cache, then in Redis (`hotcache`), then replays from the
-    nearest snapshot; `hot` puts a replayed state into Redis for the other processes
-    (callers pass it for branch heads).
+    Looks in this process's cache, then replays from the branch's materialised head or the
+    nearest snapshot; `hot` (callers pass it for branch heads, which are read again) saves a
+    long replay's state as the branch's materialised head.
     """
     checkpoint_id = checkpoint_id if isinstance(checkpoint_id, UUID) else UUID(str(checkpoint_id))
     cached = states.get(checkpoint_id)
     if cached is not None:
         return cached
-    found = hotcache.get(checkpoint_id)
-    if found is not None:
-        thread_id, entry = found
-        node = Node(
-            id=checkpoint_id, thread_id=thread_id, branch_id=entry.branch_id, seq=entry.seq, state=entry.state,
-            state_bytes=entry.state_bytes, chain_length=entry.chain_length, chain_bytes=entry.chain_bytes,
-            integrity=entry.integrity,
-        )  # fmt: skip
-        states.remember(node.id, node)
-        return node
     node, replayed_bytes = _replay(checkpoint_id)
     if hot and replayed_bytes * REPLAY_COST_PER_BYTE * 2 > node.state_bytes:
         # The next cold read of this head (or of a checkpoint soon after it) would replay the
         # same deltas again, at more than half the cost of reading the state whole: save it.
         _materialise_head(node)
-    if hot:
-        entry = hotcache.Entry(
-            seq=node.seq, branch_id=node.branch_id, state_bytes=node.state_bytes, chain_length=node.chain_length,
-            chain_bytes=node.chain_bytes, integrity=node.integrity, state=node.state,
-        )  # fmt: skip
-        # For the other processes only once committed: a rolled-back write's state must not outlive it.
-        transaction.on_commit(lambda: hotcache.put(node.thread_id, node.id, entry))
     return node
 
 
@@ -252,7 +235,7 @@ def _node_from(row: Row, state: dict[str, Any]) -> Node:
 def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False) -> dict[str, Any]:
     """The full state at a checkpoint, integrity-checked; the caller owns the returned copy.
 
-    `hot`: the checkpoint is a branch head others will read too; keep its state in Redis.
+    `hot`: the checkpoint is a branch head others will read too (see `load_node`).
     """
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
     return clone(load_node(checkpoint_id, hot=hot).state)

@@ -3,10 +3,10 @@ integrity chain, beside the append, so that only the engine computes and stores 
 
 The caller (`checkpoints.retention`) decides which checkpoints stay and how each is stored from
 now on (its parent, snapshot or delta, payload and chain sizes); this module chains each kept
-row's MAC from its new parent's, writes the rows, deletes the others, and drops every cached
-state of the thread: this process's, and Redis's before the commit (a Redis it cannot reach
-refuses the rewrite) and again after it. Another process's in-memory cache may still hold an old
-row; an append after it fails its parent-MAC check and retries from the stored row (see `append`).
+row's MAC from its new parent's, writes the rows, deletes the others and the thread's materialised
+heads, and drops this process's cached states of the thread. Another process's in-memory cache
+may still hold an old row; an append after it fails its parent-MAC check and retries from the
+stored row (see `append`).
 """
 
 from __future__ import annotations
@@ -15,22 +15,16 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from uuid import UUID
 
-import redis
-from django.db import connection, transaction
+from django.db import connection
 
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.storage import codec, hotcache
-from checkpoints.storage.errors import StoreError
+from checkpoints.storage import codec
 from checkpoints.storage.nodes import drop_thread
 from checkpoints.storage.payloads import mac_fields
 from checkpoints.storage.threads import keep_checkpoint_events
 
 # (parent_id, kind, payload, chain_length, chain_bytes, integrity, id, thread_id) of a rewritten row.
 _Update = tuple[UUID | None, int, bytes, int, int, bytes, UUID, UUID]
-
-
-class CacheUnavailable(StoreError):
-    """Redis holds states of the rows to rewrite and cannot be told to drop them: nothing is written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,16 +62,8 @@ def rewrite_chain(
     changed = [update[6] for update in updates] + list(removed)
     if dry_run:
         return changed
-    try:
-        hotcache.forget(changed, strict=True)
-    except redis.RedisError as exc:
-        raise CacheUnavailable(
-            f"The hot cache (Redis) is unreachable ({exc}); a rewrite must drop cached states, so it waits."
-        ) from None
     _write(thread, updates=updates, removed=list(removed))
     drop_thread(thread.pk)
-    # A reader that replayed the old rows just before the commit may have put a state back.
-    transaction.on_commit(lambda: hotcache.forget(changed))
     return changed
 
 

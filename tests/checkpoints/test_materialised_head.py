@@ -6,20 +6,21 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from checkpoints import storage
 from checkpoints.models import Checkpoint, MaterialisedHead, Thread
-from checkpoints.storage import codec, payloads, reads
+from checkpoints.storage import codec, crypto, payloads, reads
 from checkpoints.storage.errors import IntegrityFailure
 from quicksave_agents.models import Agent
 from tests.checkpoints.test_store import grow
 from tests.conftest import message
 
 
-@pytest.fixture(autouse=True)
-def postgresql_only(settings: Any) -> None:
-    """Reads replay from PostgreSQL, never from the Redis hot path."""
-    settings.QUICKSAVE_HOT_TTL_SECONDS = 0
+def a_fresh_process() -> None:
+    """Forget what this process materialised and opened, as another server process never knew it."""
+    storage.clear_caches()
+    crypto.forget_keys()
 
 
 @pytest.fixture
@@ -83,6 +84,28 @@ def test_a_cold_read_that_replays_many_deltas_saves_the_head_and_the_next_starts
     verified.clear()
     assert cold_latest(thread) == first
     assert verified == []  # nothing replayed: the saved state is the head's
+
+
+def test_a_fresh_process_reads_a_saved_head_in_four_queries_replaying_no_delta(
+    thread: Thread, verified: list[int]
+) -> None:
+    written = grow_long_chain(thread)
+    a_fresh_process()
+    storage.latest_state(thread=thread)  # replays, then saves the head
+
+    a_fresh_process()
+    verified.clear()
+    with CaptureQueriesContext(connection) as queries:
+        head_id, state = storage.latest_state(thread=thread)
+
+    assert head_id == written[-1].pk and state["step"] == written[-1].step
+    assert state["messages"][-1] == message(written[-1].step)
+    assert verified == []  # no row replayed, though the head is far from its snapshot
+    sql = [query["sql"] for query in queries.captured_queries]
+    # The branch and its head, the head row with its saved state, that row again as the one-row range
+    # from the saved head, and the thread's data key.
+    assert len(sql) == 4, sql
+    assert sum("checkpoints_materialisedhead" in statement for statement in sql) == 1
 
 
 def test_a_later_write_makes_the_saved_head_a_starting_point_not_the_answer(

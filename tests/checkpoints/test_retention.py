@@ -20,14 +20,22 @@ from approvals.services import request_approval
 from audit.models import AuditEntry
 from checkpoints import export, retention, storage
 from checkpoints.export import import_thread
-from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ThreadKey, ThreadStatus, ToolResult
+from checkpoints.models import (
+    Blob,
+    Checkpoint,
+    MaterialisedHead,
+    PayloadKind,
+    Thread,
+    ThreadKey,
+    ThreadStatus,
+    ToolResult,
+)
 from checkpoints.storage import nodes
 from checkpoints.storage.tool_results import put_tool_result
 from checkpoints.storage.verify import verify_thread
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
-from tests.checkpoints.test_hotcache import a_fresh_process
-from tests.processes import RedisServer
+from tests.checkpoints.test_materialised_head import a_fresh_process
 
 
 @pytest.fixture(autouse=True)
@@ -323,36 +331,22 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
     assert thread.events.filter(type="thread.compacted").exists()  # the live page refreshes
 
 
-@pytest.mark.django_db(transaction=True)  # a reader's state goes to Redis once its transaction commits
-def test_compaction_drops_the_hot_entries_it_made_stale(agent: Agent, redis_server: RedisServer) -> None:
+def test_compaction_drops_the_materialised_heads_it_made_stale(agent: Agent) -> None:
     thread = storage.create_thread(agent=agent)[0]
-    written = long_history(thread, 30)
+    written = long_history(thread, 32)  # a head far enough from its snapshot that a read saves it
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.PAUSED)
     a_fresh_process()
-    head, state = storage.latest_state(thread=thread)  # puts the head's state, MAC and chain into Redis
-    assert head == written[-1].pk and redis_server.entry(head) is not None
+    head, state = storage.latest_state(thread=thread)  # saves the head's state, bound to its MAC
+    assert head == written[-1].pk and MaterialisedHead.objects.filter(checkpoint_id=head).exists()
 
     retention.compact_thread(thread=thread, keep_every=4)
 
-    assert redis_server.entry(head) is None
+    assert not MaterialisedHead.objects.filter(branch__thread=thread).exists()
     a_fresh_process()  # another server: it must learn the head's new MAC from PostgreSQL
     after = storage.append_checkpoint(thread=thread, parent=head, patch=[{"op": "add", "path": "/resumed", "value": 1}])
     a_fresh_process()
     assert storage.state_at(after) == {**state, "resumed": 1}
     assert list(verify_thread(thread)) == []
-
-
-def test_compaction_waits_while_it_cannot_drop_hot_entries(agent: Agent, redis_server: RedisServer) -> None:
-    thread = storage.create_thread(agent=agent)[0]
-    long_history(thread, 30)
-    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
-    rows = rows_of(thread)
-    redis_server.kill()
-
-    with pytest.raises(retention.CompactionRefused, match="unreachable"):
-        retention.compact_thread(thread=thread, keep_every=4)
-
-    assert rows_of(thread) == rows
 
 
 # --------------------------------------------------------------------------- commands and audit

@@ -25,7 +25,7 @@ and counted.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -74,6 +74,12 @@ class Tally:
     skipped: int = 0
     seen: int = 0
     skipped_ids: list[str] = field(default_factory=list)
+    progress: Callable[[int], None] | None = None  # called with `seen` after each thread or approval
+
+    def see(self) -> None:
+        self.seen += 1
+        if self.progress is not None:
+            self.progress(self.seen)
 
     def skip(self, item: UUID) -> None:
         self.skipped += 1
@@ -87,8 +93,8 @@ class Tally:
 def fine_tuning_records(threads: QuerySet[Thread], *, tally: Tally | None = None) -> Iterator[dict[str, Any]]:
     """One `{"messages", "tools"}` record per thread with a chat-shaped state at its active head."""
     tally = tally if tally is not None else Tally()
-    for thread_id, head_id in _keyset(threads.filter(head__isnull=False).values_list("pk", "head_id")):
-        tally.seen += 1
+    for thread_id, head_id in _keyset(fine_tuning_candidates(threads).values_list("pk", "head_id")):
+        tally.see()
         state = storage.state_at(head_id)
         messages = chat_messages(state.get("messages"))
         tools = chat_tools(state.get("tools", []))
@@ -179,19 +185,29 @@ def preference_records(
 ) -> Iterator[dict[str, Any]]:
     """One pair per edited or rejected approval on `threads`, in id order."""
     tally = tally if tally is not None else Tally()
-    approvals = (
-        ApprovalRequest.objects.filter(thread__in=threads)
-        .filter(Q(status=ApprovalStatus.APPROVED, args_edited=True) | Q(status=ApprovalStatus.REJECTED))
-        .only("id", "checkpoint_id", "action", "args", "decided_args", "status", "comment")
+    approvals = pair_candidates(threads).only(
+        "id", "checkpoint_id", "action", "args", "decided_args", "status", "comment"
     )
     for approval in _keyset_objects(approvals):
-        tally.seen += 1
+        tally.see()
         record = preference_pair(approval, rejections=rejections)
         if record is None:
             tally.skip(approval.pk)
             continue
         tally.written += 1
         yield record
+
+
+def pair_candidates(threads: QuerySet[Thread]) -> QuerySet[ApprovalRequest]:
+    """The approvals on `threads` that may make a pair: approved with edited arguments, or rejected."""
+    return ApprovalRequest.objects.filter(thread__in=threads).filter(
+        Q(status=ApprovalStatus.APPROVED, args_edited=True) | Q(status=ApprovalStatus.REJECTED)
+    )
+
+
+def fine_tuning_candidates(threads: QuerySet[Thread]) -> QuerySet[Thread]:
+    """The threads on `threads` that have a head to read (the count a progress bar runs to)."""
+    return threads.filter(head__isnull=False)
 
 
 def preference_pair(approval: ApprovalRequest, *, rejections: Rejections = "skip") -> dict[str, Any] | None:

@@ -4,11 +4,14 @@ rather than the abandoned one, and an agent key seeing only its own agent's thre
 
 from __future__ import annotations
 
+import io
 import json
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 import pytest
+from django.core.management import CommandError, call_command
 from rest_framework.test import APIClient
 
 from approvals.services import decide, request_approval
@@ -207,3 +210,19 @@ def test_agent_key_exports_only_its_own_agents_threads(
 
 def test_anonymous_export_is_refused(anonymous_client: APIClient) -> None:
     assert anonymous_client.get("/api/v1/exports/fine-tuning/").status_code in {401, 403}
+
+
+def test_command_writes_valid_lines_with_a_progress_bar_and_counts(agent: Agent, tmp_path: Path) -> None:
+    chat_thread(agent, "trip-1")
+    odd = storage.create_thread(agent=agent, external_id="odd")[0]
+    storage.append_checkpoint(thread=odd, parent=None, state={"notes": "not a conversation"})
+    out, err = tmp_path / "sft.jsonl", io.StringIO()
+    call_command("export_training", "fine-tuning", "--agent", agent.name, "-o", str(out), stderr=err)
+    assert len(valid_lines(out.read_bytes(), FINE_TUNING_SCHEMA)) == 1
+    assert "2/2 threads" in err.getvalue()
+    assert "Wrote 1 line(s) from 2 threads; skipped 1" in err.getvalue()
+
+
+def test_command_refuses_a_time_that_is_not_iso_8601(db: Any) -> None:
+    with pytest.raises(CommandError, match="--since 'yesterday'"):
+        call_command("export_training", "preferences", "--since", "yesterday")

@@ -122,6 +122,7 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/inbox/bulk/?approval={approval}", None, (302, 302, 403, 400, 400, 302)),
     ("POST", "/inbox/bulk/", {"approval": "{approval}"}, (302, 302, 403, 400, 400, 302)),
     ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/training-data/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/new/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/policies/new/", POLICY_FORM, (302, 302, 403, 403, 302, 302)),

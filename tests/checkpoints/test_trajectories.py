@@ -4,8 +4,10 @@ rather than the abandoned one, and an agent key seeing only its own agent's thre
 
 from __future__ import annotations
 
+import html
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +20,7 @@ from approvals.services import decide, request_approval
 from checkpoints import storage, trajectories
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
 from quicksave_agents.models import Agent
-from tests.conftest import person
+from tests.conftest import person, signed_in
 
 TOOL_CALL = {
     "type": "object", "additionalProperties": False, "required": ["id", "type", "function"],
@@ -226,3 +228,21 @@ def test_command_writes_valid_lines_with_a_progress_bar_and_counts(agent: Agent,
 def test_command_refuses_a_time_that_is_not_iso_8601(db: Any) -> None:
     with pytest.raises(CommandError, match="--since 'yesterday'"):
         call_command("export_training", "preferences", "--since", "yesterday")
+
+
+def test_training_data_page_counts_and_links_the_download_for_admins(agent: Agent) -> None:
+    written = chat_thread(agent, "trip-1")
+    decide(approval=approval_at(written[-1], {"seat": "1A"}), user=person("rita", "reviewer"), decision="approve",
+           args={"seat": "2B"})  # fmt: skip
+    admin = signed_in(person("ada", "admin"))
+    page = admin.get("/training-data/", {"format": "preferences", "agent": agent.name})
+    assert page.status_code == 200
+    assert "1 edited approval," in page.content.decode()
+    download = re.search(r'id="export-download" href="([^"]+)"', page.content.decode())
+    assert download is not None
+    response = admin.get(html.unescape(download.group(1)))
+    assert len(valid_lines(streamed(response), PREFERENCE_SCHEMA)) == 1
+
+
+def test_training_data_page_is_for_admins_only(db: Any) -> None:
+    assert signed_in(person("rita", "reviewer")).get("/training-data/").status_code == 403

@@ -11,7 +11,8 @@ head of the thread's active branch (the branch that finished, not an abandoned f
 must hold `messages` already in OpenAI's chat shape (roles system/user/assistant/tool, an
 assistant's `tool_calls`, each tool result after the call it answers) and, optionally, `tools`
 as OpenAI function definitions. A thread whose state does not have that shape is skipped and
-counted (`Tally.skipped`), never guessed at. Only the message keys the format defines are written.
+counted (`Tally.skipped`), never guessed at; so is one with a row that fails its integrity check.
+Only the message keys the format defines are written.
 
 Preference pairs, one line per approval that was approved with edited arguments or rejected:
 `{"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}`. The
@@ -95,7 +96,7 @@ def fine_tuning_records(threads: QuerySet[Thread], *, tally: Tally | None = None
     tally = tally if tally is not None else Tally()
     for thread_id, head_id in _keyset(fine_tuning_candidates(threads).values_list("pk", "head_id")):
         tally.see()
-        state = storage.state_at(head_id)
+        state = _state(head_id)
         messages = chat_messages(state.get("messages"))
         tools = chat_tools(state.get("tools", []))
         if messages is None or tools is None or not any(m["role"] == "assistant" for m in messages):
@@ -218,7 +219,9 @@ def preference_pair(approval: ApprovalRequest, *, rejections: Rejections = "skip
         preferred: dict[str, Any] = {"role": "assistant", "content": approval.comment}
     else:
         preferred = _call_turn(approval, approval.decided_args)
-    messages = chat_messages(storage.state_at(approval.checkpoint_id).get("messages"))
+    if approval.unreadable:  # its sealed arguments no longer open: nothing to pair
+        return None
+    messages = chat_messages(_state(approval.checkpoint_id).get("messages"))
     if messages is None:
         return None
     if messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
@@ -240,6 +243,15 @@ def _call_turn(approval: ApprovalRequest, args: Any) -> dict[str, Any]:
         "function": {"name": approval.action, "arguments": arguments},
     }
     return {"role": "assistant", "content": None, "tool_calls": [call]}
+
+
+def _state(checkpoint_id: UUID) -> dict[str, Any]:
+    """The state at a checkpoint, or {} (skipped as not chat-shaped) when a row fails its integrity
+    check: by then the stream has started, and one altered thread must not end everyone's file."""
+    try:
+        return storage.state_at(checkpoint_id)
+    except storage.IntegrityFailure:
+        return {}
 
 
 # --------------------------------------------------------------------------- lines

@@ -130,6 +130,16 @@ def test_thread_without_chat_state_is_skipped_and_counted(agent: Agent) -> None:
     assert set(tally.skipped_ids) == {str(odd.pk), str(orphan.pk)}
 
 
+def test_thread_with_an_altered_row_is_skipped_and_the_rest_still_written(agent: Agent) -> None:
+    chat_thread(agent, "trip-1")
+    altered = chat_thread(agent, "trip-2")
+    Checkpoint.objects.filter(pk=altered[-1].pk).update(label="edited behind Quicksave's back")
+    storage.clear_caches()
+    tally = trajectories.Tally()
+    assert len(fine_tuning(Thread.objects.all(), tally)) == 1
+    assert tally.skipped_ids == [str(altered[0].thread_id)]
+
+
 def test_filter_picks_agent_and_outcome(agent: Agent, other_agent: Agent) -> None:
     chat_thread(agent, "done")
     chat_thread(agent, "failed", status=ThreadStatus.FAILED)

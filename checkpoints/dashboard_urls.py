@@ -2,12 +2,13 @@
 
 from django.urls import path
 
-from checkpoints.views import actions, checkpoint, diff, threads
+from checkpoints.views import actions, checkpoint, diff, exports, threads
 
 app_name = "dashboard"
 
 urlpatterns = [
     path("", threads.thread_list, name="threads"),
+    path("training-data/", exports.training_export, name="training-export"),
     path("threads/<uuid:thread_id>/", threads.thread_detail, name="thread"),
     path("checkpoints/<uuid:checkpoint_id>/", checkpoint.checkpoint_detail, name="checkpoint"),
     path("checkpoints/<uuid:checkpoint_id>/diff/", diff.diff_page, name="diff"),

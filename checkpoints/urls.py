@@ -1,6 +1,6 @@
 from django.urls import path
 
-from checkpoints import api
+from checkpoints import api, trajectories_api
 
 urlpatterns = [
     path("threads/", api.ThreadListView.as_view(), name="api-threads"),
@@ -13,4 +13,6 @@ urlpatterns = [
     path("checkpoints/<uuid:checkpoint_id>/fork/", api.ForkView.as_view(), name="api-checkpoint-fork"),
     path("threads/<uuid:thread_id>/cancel/", api.ThreadCancelView.as_view(), name="api-thread-cancel"),
     path("threads/<uuid:thread_id>/resume/", api.ThreadResumeView.as_view(), name="api-thread-resume"),
+    path("exports/fine-tuning/", trajectories_api.FineTuningExportView.as_view(), name="api-export-fine-tuning"),
+    path("exports/preferences/", trajectories_api.PreferenceExportView.as_view(), name="api-export-preferences"),
 ]

@@ -53,6 +53,9 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/{thread}/checkpoints/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/checkpoints/", CHECKPOINT, (201, 404, 403, 403, 201, 401)),
     ("GET", "/api/v1/threads/{thread}/export/", None, (200, 404, 200, 200, 200, 401)),
+    # Training exports: every reader gets a file, scoped to the threads it may read (tested in test_trajectories).
+    ("GET", "/api/v1/exports/fine-tuning/", None, (200, 200, 200, 200, 200, 401)),
+    ("GET", "/api/v1/exports/preferences/", None, (200, 200, 200, 200, 200, 401)),
     ("GET", "/api/v1/checkpoints/{head}/", None, (200, 404, 200, 200, 200, 401)),
     ("GET", "/api/v1/checkpoints/{head}/diff/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/checkpoints/{first}/fork/", {"reason": "try again"}, (403, 404, 403, 403, 201, 401)),
@@ -119,6 +122,7 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/inbox/bulk/?approval={approval}", None, (302, 302, 403, 400, 400, 302)),
     ("POST", "/inbox/bulk/", {"approval": "{approval}"}, (302, 302, 403, 400, 400, 302)),
     ("GET", "/audit/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/training-data/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/", None, (302, 302, 403, 403, 200, 302)),
     ("GET", "/policies/new/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/policies/new/", POLICY_FORM, (302, 302, 403, 403, 302, 302)),

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from checkpoints import storage
 from checkpoints.models import Thread
 from checkpoints.storage import lent_connection
+from memory import caches as memory_caches
 from quicksave.roles import grant_role
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.models import Agent
@@ -24,8 +25,10 @@ def _fresh_store_caches() -> Iterator[None]:
     # Ids are never reused, but a test that edits rows behind the store's back
     # must see the database, not a state cached by an earlier test.
     storage.clear_caches()
+    memory_caches.clear()
     yield
     storage.clear_caches()
+    memory_caches.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -32,6 +32,20 @@ def _fresh_store_caches() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _pgvector_or_skip(request: pytest.FixtureRequest) -> None:
+    """Tests marked `pgvector` run where the database has the extension: the embedded PostgreSQL
+    (`dev.py test` runs them there too when DATABASE_URL names a server without it)."""
+    if request.node.get_closest_marker("pgvector") is None:
+        return
+    request.getfixturevalue("django_db_setup")
+    from memory import vectors
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        if not vectors.available():
+            pytest.skip("needs pgvector, which this PostgreSQL lacks (the embedded one has it)")
+
+
+@pytest.fixture(autouse=True)
 def _fresh_channel_layer() -> Iterator[None]:
     # pytest-asyncio gives each test its own event loop, and a channels-redis layer keeps
     # asyncio locks and connection pools bound to the loop that first used them: each test

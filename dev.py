@@ -3,6 +3,7 @@
 
     python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
     python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest + coverage
+                                                     (and the pgvector tests on the embedded PostgreSQL)
     python3 dev.py lint                              ruff, ruff format --check, mypy
     python3 dev.py fmt                               ruff format, ruff check --fix
     python3 dev.py lock                              re-make the lock files after a requirements*.txt change
@@ -267,12 +268,26 @@ def command_run(host: str, port: int) -> NoReturn:
     exec_python("-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port))
 
 
+def pgvector_pass(pytest_args: Sequence[str]) -> None:
+    """The tests marked `pgvector` once more on the embedded PostgreSQL, which has the extension,
+    when DATABASE_URL names a server that may not (they skip there)."""
+    if not os.environ.get("DATABASE_URL"):
+        return  # the main run is on the embedded server: they run there
+    step("pytest -m pgvector on the embedded PostgreSQL (DATABASE_URL unset for this pass)")
+    env = {key: value for key, value in os.environ.items() if key != "DATABASE_URL"}
+    args = [str(PYTHON), "-m", "pytest", "-m", "pgvector", "--no-cov", "-q", *pytest_args]
+    # 5: none of the selected tests needs pgvector.
+    if subprocess.run(args, cwd=ROOT, env=env, check=False).returncode not in (0, 5):
+        sys.exit("dev.py: the pgvector tests failed on the embedded PostgreSQL")
+
+
 def command_test(pytest_args: Sequence[str]) -> NoReturn:
     ensure_venv(DEV_LOCK)
     ensure_sdk()
     print(f"    database: {describe_database()}", flush=True)
     require_test_tools()
     lint()
+    pgvector_pass(pytest_args)
     step("pytest " + " ".join(pytest_args))
     # pytest's own exit status goes straight to the caller; 5 ("no tests collected") is non-zero, so a failure.
     exec_python("-m", "pytest", *pytest_args)

@@ -17,11 +17,12 @@ REVIEWER = "reviewer"
 ADMIN = "admin"
 ROLES = (VIEWER, REVIEWER, ADMIN)
 
-_VIEW = ["checkpoints.view_thread", "checkpoints.view_checkpoint"]
+_VIEW = ["checkpoints.view_thread", "checkpoints.view_checkpoint", "memory.view_item"]
 _REVIEW = [*_VIEW, "checkpoints.decide_approval"]
 _ADMIN = [*_REVIEW, "checkpoints.fork_thread", "checkpoints.cancel_thread", "checkpoints.delete_thread",
           "checkpoints.add_thread", "checkpoints.add_checkpoint", "agents.add_agentkey",
-          "agents.change_agentkey", "approvals.manage_policies", "notifications.change_endpoint"]  # fmt: skip
+          "agents.change_agentkey", "approvals.manage_policies", "notifications.change_endpoint",
+          "memory.change_item", "memory.share_namespace"]  # fmt: skip
 ROLE_PERMISSIONS: dict[str, list[str]] = {VIEWER: _VIEW, REVIEWER: _REVIEW, ADMIN: _ADMIN}
 
 

@@ -49,6 +49,7 @@ INSTALLED_APPS = [
     "approvals",
     "audit",
     "notifications",
+    "memory",
     "integrations.langgraph.apps.LangGraphConfig",
     "integrations.pydantic_ai.apps.PydanticAIConfig",
     "integrations.adk.apps.AdkConfig",
@@ -278,6 +279,9 @@ QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0
 # Failed authentications (bad agent keys, failed sign-ins) one address may make in a minute before 429s.
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
 QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
+
+# Long-term memory (memory/): the largest value one item may hold, as canonical JSON.
+QUICKSAVE_MEMORY_MAX_VALUE_BYTES = envint("QUICKSAVE_MEMORY_MAX_VALUE_BYTES", 4 * 1024 * 1024, minimum=1024)
 
 # Encryption at rest (checkpoints/storage/crypto.py): master keys that wrap each thread's data key.
 QUICKSAVE_ENCRYPT = envbool("QUICKSAVE_ENCRYPT", True)

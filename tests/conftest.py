@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 from checkpoints import storage
 from checkpoints.models import Thread
 from checkpoints.storage import lent_connection
+from memory import caches as memory_caches
 from quicksave.roles import grant_role
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.models import Agent
@@ -23,8 +24,24 @@ def _fresh_store_caches() -> Iterator[None]:
     # Ids are never reused, but a test that edits rows behind the store's back
     # must see the database, not a state cached by an earlier test.
     storage.clear_caches()
+    memory_caches.clear()
     yield
     storage.clear_caches()
+    memory_caches.clear()
+
+
+@pytest.fixture(autouse=True)
+def _pgvector_or_skip(request: pytest.FixtureRequest) -> None:
+    """Tests marked `pgvector` run where the database has the extension: the embedded PostgreSQL
+    (`dev.py test` runs them there too when DATABASE_URL names a server without it)."""
+    if request.node.get_closest_marker("pgvector") is None:
+        return
+    request.getfixturevalue("django_db_setup")
+    from memory import vectors
+
+    with request.getfixturevalue("django_db_blocker").unblock():
+        if not vectors.available():
+            pytest.skip("needs pgvector, which this PostgreSQL lacks (the embedded one has it)")
 
 
 @pytest.fixture(autouse=True)

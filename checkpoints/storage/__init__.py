@@ -10,8 +10,10 @@ Callers (the API, the pages, forks, retention, export, the LangGraph integration
 approvals) use the names below: append, read a state, diff, the thread and branch writes, the
 tool-result cache, and for lifecycle work the payload primitives, integrity checks and
 `rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
-internal; the primitives a few callers need by module are `codec` (framing and MACs), `crypto`
-(sealing a value to its row), `jsonpatch` (RFC 6902), `lru` (the one cache helper),
+internal; the primitives a few callers need by module are `codec` (framing and MACs, and
+`keyed_digest` for records outside the chain), `crypto` (sealing a value to its row, under a
+thread's key or, with `wrap_key` and `seal_with`, a key the caller keeps: memory's namespaces),
+`jsonpatch` (RFC 6902), `lru` (the one cache helper),
 `blobs` (reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,

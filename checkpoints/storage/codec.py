@@ -204,6 +204,13 @@ def _digest(domain: bytes, message: bytes) -> bytes:
     return mac.digest()
 
 
+def keyed_digest(domain: bytes, message: bytes) -> bytes:
+    """HMAC-SHA256 of `message` under a key derived from QUICKSAVE_INTEGRITY_KEY for `domain`: the
+    integrity MAC of a record kept outside the checkpoint chain (a memory item's versions). Each
+    kind of record names its own domain, so a MAC made for one never verifies as another's."""
+    return _digest(domain, message)
+
+
 def _message(
     *,
     parent_integrity: bytes | None,

@@ -71,6 +71,24 @@ def wrap(master: MasterKey, thread_id: UUID, data_key: bytes) -> bytes:
     return nonce + master.aead.encrypt(nonce, data_key, _wrap_ad(thread_id))
 
 
+def wrap_key(master: MasterKey, ad: bytes, data_key: bytes) -> bytes:
+    """A data key that belongs to something other than a thread (a memory namespace), wrapped under
+    `master` and bound to `ad`, which names its table and row as `_wrap_ad` does for a thread's."""
+    nonce = os.urandom(NONCE_BYTES)
+    return nonce + master.aead.encrypt(nonce, data_key, ad)
+
+
+def unwrap_key(master: MasterKey, ad: bytes, wrapped: bytes, *, owner: str) -> bytes:
+    """The data key `wrap_key` wrapped; `owner` names what it belongs to in the error."""
+    try:
+        return master.aead.decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], ad)
+    except InvalidTag:
+        raise DecryptionFailure(
+            f"The data key of {owner} does not unwrap under master key {master.id!r}.",
+            detail={"master_key": master.id},
+        ) from None
+
+
 def unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
     try:
         return master.aead.decrypt(wrapped[:NONCE_BYTES], wrapped[NONCE_BYTES:], _wrap_ad(thread_id))
@@ -157,6 +175,38 @@ def unseal(thread_id: UUID, ad: bytes, blob: bytes | memoryview) -> bytes:
         raise DecryptionFailure(
             f"A value of thread {thread_id} does not decrypt: it was altered or moved from another row or field.",
             detail={"thread": str(thread_id)},
+        ) from None
+
+
+def seal_with(key: AESGCM | None, ad: bytes, framed: bytes) -> bytes:
+    """`seal` under a data key the caller holds (one per memory namespace, not per thread); plain
+    when `key` is None (stored with encryption off)."""
+    if key is None:
+        return framed
+    nonce = os.urandom(NONCE_BYTES)
+    return bytes((SEALED,)) + nonce + key.encrypt(nonce, framed, ad)
+
+
+def unseal_with(key: AESGCM | None, ad: bytes, blob: bytes | memoryview, *, owner: str) -> bytes:
+    """`unseal` under a data key the caller holds; `owner` names what the key belongs to in errors.
+    As with a thread, a plain value where the owner has a key is refused, and a sealed one
+    without a key (destroyed: crypto-shredded) does not open."""
+    if not is_sealed(blob):
+        if key is not None:
+            raise DecryptionFailure(
+                f"A value of {owner} is stored unencrypted although it has a data key: "
+                "it was replaced outside Quicksave."
+            )
+        return bytes(blob)
+    if key is None:
+        raise DecryptionFailure(
+            f"{owner} has no data key: it was deleted (crypto-shredded), so its values cannot be read."
+        )
+    try:
+        return key.decrypt(blob[1 : 1 + NONCE_BYTES], blob[1 + NONCE_BYTES :], ad)
+    except InvalidTag:
+        raise DecryptionFailure(
+            f"A value of {owner} does not decrypt: it was altered or moved from another row or field."
         ) from None
 
 

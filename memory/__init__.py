@@ -1,0 +1,20 @@
+"""Long-term memory: items (a JSON value under a key in a namespace path) that outlive a thread,
+read and written across threads by agents of any framework, with every version kept.
+
+Its public surface, what the API, the SDK's endpoints and integrations.langgraph use:
+
+- `memory.store`: the writes, one function each — `put_item`, `delete_item`, `refresh_expiry`,
+  `sweep_expired` — with who wrote (`Author`) and from where (`Origin`);
+- `memory.selectors`: the reads — `get_item`, `item_as_of`, `search_items`, `list_namespaces`,
+  `item_history`, `verify_item`;
+- `memory.access`: whose memory a caller sees (`Scope`), and `memory.sharing`: grants between
+  agents, audited;
+- `memory.texts.IndexText` and `memory.vectors` (pgvector where the server has it);
+- `memory.errors`: what the store refuses, each with its API code and status.
+
+Values are stored as the checkpoint engine stores states, through its public primitives: canonical
+JSON framed by `codec`, sealed by `crypto` under a data key per namespace (wrapped by the same
+master keys), an HMAC chain per item from `codec.keyed_digest`, and large values as RFC 6902
+deltas from `jsonpatch`. It must not import the engine's internals, the checkpoint views, approvals
+or any integration; the core (checkpoints, approvals, agents, audit, quicksave) never imports it.
+"""

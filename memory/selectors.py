@@ -1,0 +1,454 @@
+"""Reads of memory the API, the pages and the LangGraph store share: an item now or as of any
+time, search (filters, full text, or pgvector), namespaces, an item's history, and the check of
+an item's whole integrity chain.
+
+Every value read is opened under its namespace's key and checked: the head against its MAC
+(`sealing.check_head`), versions against theirs, each chained from the one before.
+"""
+
+from __future__ import annotations
+
+import hmac
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db import connection
+from django.utils import timezone
+
+from checkpoints.storage.errors import IntegrityFailure
+from checkpoints.storage.jsonpatch import apply_patch
+from memory import access, filters, heads, sealing, spaces, store
+from memory.access import Scope
+from memory.errors import NoVectorSearch
+from memory.heads import Head
+from memory.models import VersionKind
+from memory.paths import Path, item_key, namespace_path, pattern
+from memory.vectors import VectorSearch, distance_sql, score_sql
+from memory.vectors import available as vectors_available
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """An item as read: its newest version's value (or the one in force at an as-of time)."""
+
+    item_id: UUID
+    namespace: Path
+    key: str
+    value: Any
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None = None
+    score: float | None = None
+
+
+_ITEM_COLUMNS = (
+    "i.id, i.namespace_id, i.key, i.version, i.value, i.integrity, i.head_mac, i.created_at, i.updated_at, "
+    "i.expires_at, i.ttl_minutes, i.since_snapshot, i.indexed"
+)
+
+
+def _open_row(row: tuple[Any, ...], path: Path, score: float | None = None) -> tuple[Found, bool]:
+    """The item in a row of _ITEM_COLUMNS, checked; and whether it has a TTL."""
+    item_id, namespace_id, key, version, value, integrity, head_mac, created_at, updated_at, expires_at, ttl = row[:11]
+    space = spaces.by_id(namespace_id)
+    sealed = bytes(value)
+    sealing.check_head(
+        head_mac, item_id=item_id, namespace_id=namespace_id, key=key, version=version, value=sealed,
+        integrity=bytes(integrity),
+    )  # fmt: skip
+    found = Found(
+        item_id=item_id, namespace=path, key=key, value=sealing.open_value(space, item_id, version, sealed),
+        version=version, created_at=created_at, updated_at=updated_at, expires_at=expires_at, score=score,
+    )  # fmt: skip
+    return found, ttl is not None
+
+
+def _space_for_read(path: Path, scope: Scope) -> spaces.Space | None:
+    space = spaces.find(path)
+    if space is None or not access.may_use(scope, space):
+        return None
+    return space
+
+
+_GET_SQL = f"SELECT {_ITEM_COLUMNS}, i.deleted FROM memory_item i WHERE i.namespace_id = %s AND i.key = %s"
+
+
+def get_item(
+    *, namespace: Path | list[str], key: str, scope: Scope, refresh_ttl: bool = False, omit_expired: bool = False
+) -> Found | None:
+    """The item's current value, or None (no such item, deleted, or not the scope's to read)."""
+    path, key = namespace_path(namespace), item_key(key)
+    space = _space_for_read(path, scope)
+    if space is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_GET_SQL, [space.id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    # A write that follows this read need not read the head again.
+    heads.keep(space.id, key, Head(
+        item_id=row[0], version=row[3], integrity=bytes(row[5]), deleted=row[13], created_at=row[7],
+        updated_at=row[8], since_snapshot=row[11], indexed=row[12],
+    ))  # fmt: skip
+    if row[13]:
+        return None
+    expired = row[9] is not None and row[9] <= _now()
+    if omit_expired and expired:
+        return None
+    found, has_ttl = _open_row(row, path)
+    if has_ttl and refresh_ttl:
+        store.refresh_expiry([found.item_id], live_only=omit_expired)
+    return found
+
+
+def _now() -> datetime:
+    return timezone.now()
+
+
+def _namespace_conditions(prefix: Path, scope: Scope) -> tuple[str, list[Any]]:
+    visible, params = access.visible_sql(scope, "n")
+    if prefix:
+        return f"n.path[1:{len(prefix)}] = %s::text[] AND {visible}", [list(prefix), *params]
+    return visible, params
+
+
+def search_items(
+    *,
+    scope: Scope,
+    prefix: Path | list[str] = (),
+    filter: dict[str, Any] | None = None,
+    query: str | None = None,
+    vector: VectorSearch | None = None,
+    vectors_per_item: int = 1,
+    limit: int = 10,
+    offset: int = 0,
+    refresh_ttl: bool = False,
+    omit_expired: bool = False,
+) -> list[Found]:
+    """Items under `prefix` that match `filter`, newest first; with `vector`, nearest first (pgvector);
+    with a text `query` alone, those whose indexed fields have its words first, best first
+    (full-text search), then the rest, newest first."""
+    path = namespace_path(prefix, field="prefix", allow_empty=True)
+    wanted = filters.check(filter)
+    tokens, exact = filters.filter_tokens(wanted)
+    if vector is not None and not vectors_available():
+        raise NoVectorSearch("This database has no pgvector extension; search with a text query instead.")
+    ns_sql, ns_params = _namespace_conditions(path, scope)
+    conditions = ["NOT i.deleted"]
+    params: dict[str, Any] = {}
+    if tokens:
+        conditions.append("i.tokens @> %(tokens)s::bigint[]")
+        params["tokens"] = tokens
+    if omit_expired:
+        conditions.append("(i.expires_at IS NULL OR i.expires_at > now())")
+    where = " AND ".join(conditions)
+    # The namespace conditions use positional parameters: inline them as named ones.
+    named_ns = ns_sql
+    for position, value in enumerate(ns_params):
+        named_ns = named_ns.replace("%s", f"%(ns{position})s", 1)
+        params[f"ns{position}"] = value
+    namespaces = f"ns AS MATERIALIZED (SELECT n.id, n.path FROM memory_namespace n WHERE {named_ns})"
+    if vector is not None:
+        dims = vector.dims
+        params["query_vector"] = "[" + ",".join(repr(float(c)) for c in vector.embedding) + "]"
+        distance = distance_sql(vector)
+        sql = (
+            f"WITH {namespaces}, near AS (SELECT x.item_id, {distance} AS distance FROM memory_indexentry x "
+            f"WHERE x.dims = {int(dims)} AND x.namespace_id IN (SELECT id FROM ns) ORDER BY {distance} "
+            "LIMIT %(expanded)s), best AS (SELECT item_id, min(distance) AS distance FROM near GROUP BY item_id) "
+            f"SELECT {_ITEM_COLUMNS}, ns.path, {score_sql(vector, 'best.distance')} AS score FROM best "
+            f"JOIN memory_item i ON i.id = best.item_id JOIN ns ON ns.id = i.namespace_id WHERE {where} "
+            "ORDER BY best.distance, i.updated_at DESC, i.id DESC"
+        )
+        params["expanded"] = (offset + limit) * max(vectors_per_item, 1) * (2 if exact else 8) + 1
+    elif query and query.strip():
+        params["query"] = " or ".join(word.strip('"').lstrip("-") for word in query.split())
+        sql = (
+            f"WITH {namespaces}, hits AS (SELECT x.item_id, max(ts_rank_cd(x.lexemes, q)) AS rank "
+            "FROM memory_indexentry x, websearch_to_tsquery('simple', %(query)s) q "
+            "WHERE x.namespace_id IN (SELECT id FROM ns) AND x.lexemes @@ q GROUP BY x.item_id) "
+            f"SELECT {_ITEM_COLUMNS}, ns.path, coalesce(hits.rank, 0) AS score FROM memory_item i "
+            f"JOIN ns ON ns.id = i.namespace_id LEFT JOIN hits ON hits.item_id = i.id WHERE {where} "
+            "ORDER BY score DESC, i.updated_at DESC, i.id DESC"
+        )
+    else:
+        sql = (
+            f"WITH {namespaces} SELECT {_ITEM_COLUMNS}, ns.path, NULL AS score FROM memory_item i "
+            f"JOIN ns ON ns.id = i.namespace_id WHERE {where} ORDER BY i.updated_at DESC, i.id DESC"
+        )
+    found = _page(sql, params, limit=limit, offset=offset, keep=None if exact else wanted)
+    if refresh_ttl:
+        store.refresh_expiry([item.item_id for item, has_ttl in found if has_ttl], live_only=omit_expired)
+    return [item for item, _ in found]
+
+
+def _page(
+    sql: str, params: dict[str, Any], *, limit: int, offset: int, keep: dict[str, Any] | None
+) -> list[tuple[Found, bool]]:
+    """Rows `offset` to `offset + limit` of `sql`'s results that match `keep` (a filter only the
+    opened values can decide; None: every row matches). Such a filter reads in growing chunks."""
+    rows: list[tuple[Found, bool]] = []
+    if limit <= 0:
+        return rows
+    if keep is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"{sql} LIMIT %(limit)s OFFSET %(offset)s", {**params, "limit": limit, "offset": offset})
+            return [_open_row(row, tuple(row[13]), _score(row[14])) for row in cursor.fetchall()]
+    skipped, read, chunk = 0, 0, max(2 * (offset + limit), 64)
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(f"{sql} LIMIT %(limit)s OFFSET %(offset)s", {**params, "limit": chunk, "offset": read})
+            batch = cursor.fetchall()
+        read += len(batch)
+        for row in batch:
+            item, has_ttl = _open_row(row, tuple(row[13]), _score(row[14]))
+            if not filters.matches(item.value, keep):
+                continue
+            if skipped < offset:
+                skipped += 1
+                continue
+            rows.append((item, has_ttl))
+            if len(rows) == limit:
+                return rows
+        if len(batch) < chunk:
+            return rows
+        chunk *= 2
+
+
+def _score(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def list_namespaces(
+    *,
+    scope: Scope,
+    prefix: Path | list[str] = (),
+    suffix: Path | list[str] = (),
+    max_depth: int | None = None,
+    limit: int = 100,
+    offset: int = 0,
+    omit_expired: bool = False,
+) -> list[Path]:
+    """Namespaces holding at least one item, matching `prefix` and `suffix` (`*` matches any one
+    label), cut to `max_depth` labels (and then listed once), in order."""
+    starts = pattern(prefix, field="prefix")
+    ends = pattern(suffix, field="suffix")
+    visible, params = access.visible_sql(scope, "n")
+    conditions = [visible]
+    if len(starts) or len(ends):
+        conditions.append("cardinality(n.path) >= %s")
+        params.append(max(len(starts), len(ends)))
+    for position, label in enumerate(starts, start=1):
+        if label != "*":
+            conditions.append(f"n.path[{position}] = %s")
+            params.append(label)
+    for position, label in enumerate(reversed(ends)):
+        if label != "*":
+            conditions.append(f"n.path[cardinality(n.path) - {position}] = %s")
+            params.append(label)
+    live = "NOT i.deleted" + (" AND (i.expires_at IS NULL OR i.expires_at > now())" if omit_expired else "")
+    conditions.append(f"EXISTS (SELECT 1 FROM memory_item i WHERE i.namespace_id = n.id AND {live})")
+    shown = f"n.path[1:{int(max_depth)}]" if max_depth is not None else "n.path"
+    sql = (
+        f"SELECT DISTINCT {shown} AS shown FROM memory_namespace n WHERE {' AND '.join(conditions)} "
+        "ORDER BY shown LIMIT %s OFFSET %s"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, limit, offset])
+        return [tuple(row[0]) for row in cursor.fetchall()]
+
+
+@dataclass(frozen=True, slots=True)
+class Version:
+    """One version of an item: its value (None for a deletion), who wrote it, from where, when."""
+
+    version: int
+    kind: VersionKind
+    value: Any
+    created_at: datetime
+    writer: str
+    agent_id: int | None
+    agent_key_id: int | None
+    user_id: int | None
+    rule: str
+    thread_id: UUID | None
+    checkpoint_id: UUID | None
+    value_bytes: int
+
+    @property
+    def deleted(self) -> bool:
+        return self.kind == VersionKind.DELETED
+
+
+_VERSION_COLUMNS = (
+    "version, kind, payload, integrity, created_at, writer, agent_id, agent_key_id, user_id, rule, thread_id, "
+    "checkpoint_id, value_bytes"
+)
+_NAMES = [name.strip() for name in _VERSION_COLUMNS.split(",")]
+
+
+@dataclass(frozen=True, slots=True)
+class _Item:
+    id: UUID
+    space: spaces.Space
+    key: str
+    version: int
+    integrity: bytes
+
+
+def _item(path: Path, key: str, scope: Scope) -> _Item | None:
+    space = _space_for_read(path, scope)
+    if space is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT id, version, integrity, head_mac, value FROM memory_item WHERE namespace_id = %s AND key = %s",
+            [space.id, key],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    sealing.check_head(
+        row[3], item_id=row[0], namespace_id=space.id, key=key, version=row[1],
+        value=bytes(row[4]) if row[4] is not None else None, integrity=bytes(row[2]),
+    )  # fmt: skip
+    return _Item(id=row[0], space=space, key=key, version=row[1], integrity=bytes(row[2]))
+
+
+def _versions(item: _Item, first: int, last: int) -> list[dict[str, Any]]:
+    """Stored versions first..last of the item (and the one before `first`, for its MAC), checked."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT {_VERSION_COLUMNS} FROM memory_itemversion WHERE item_id = %s AND version BETWEEN %s AND %s "
+            "ORDER BY version",
+            [item.id, max(first - 1, 1), last],
+        )
+        rows = [dict(zip(_NAMES, row, strict=True)) for row in cursor.fetchall()]
+    expected = list(range(max(first - 1, 1), last + 1))
+    if [row["version"] for row in rows] != expected:
+        raise IntegrityFailure(
+            f"Memory item {item.key!r} is missing versions between {first} and {last}: "
+            "they were removed outside Quicksave.",
+            detail={"item": str(item.id)},
+        )
+    previous: bytes | None = None
+    for row in rows:
+        row["payload"], row["integrity"] = bytes(row["payload"]), bytes(row["integrity"])
+        if row["version"] >= first:
+            mac = sealing.version_mac(
+                previous=previous, item_id=item.id, namespace_id=item.space.id, key=item.key,
+                version=row["version"], kind=row["kind"], created_at=row["created_at"],
+                fields=store.version_fields(row), payload=row["payload"],
+            )  # fmt: skip
+            if not hmac.compare_digest(mac, row["integrity"]):
+                raise IntegrityFailure(
+                    f"Version {row['version']} of memory item {item.key!r} fails its integrity check: "
+                    "it was altered outside Quicksave.",
+                    detail={"item": str(item.id), "version": row["version"]},
+                )
+        previous = row["integrity"]
+    if last == item.version and rows and rows[-1]["integrity"] != item.integrity:
+        raise IntegrityFailure(
+            f"Memory item {item.key!r}'s newest version does not match its head: a version was altered or removed.",
+            detail={"item": str(item.id)},
+        )
+    return [row for row in rows if row["version"] >= first]
+
+
+def _snapshot_before(item: _Item, version: int) -> int:
+    """The newest version at or before `version` whose payload is whole (a snapshot or a deletion)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT max(version) FROM memory_itemversion WHERE item_id = %s AND version <= %s AND kind <> %s",
+            [item.id, version, int(VersionKind.DELTA)],
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        raise IntegrityFailure(
+            f"Memory item {item.key!r} has no whole version before version {version}.", detail={"item": str(item.id)}
+        )
+    return int(row[0])
+
+
+def _materialise(item: _Item, rows: list[dict[str, Any]]) -> list[Version]:
+    """The versions of `rows` (consecutive, the first one whole) with their values."""
+    out: list[Version] = []
+    value: Any = None
+    for row in rows:
+        kind = VersionKind(row["kind"])
+        if kind == VersionKind.DELETED:
+            value = None
+        else:
+            opened = sealing.open_value(item.space, item.id, row["version"], row["payload"])
+            value = opened if kind == VersionKind.SNAPSHOT else apply_patch(value, opened, measure=False).doc
+        out.append(Version(
+            version=row["version"], kind=kind, value=value, created_at=row["created_at"], writer=row["writer"],
+            agent_id=row["agent_id"], agent_key_id=row["agent_key_id"], user_id=row["user_id"], rule=row["rule"],
+            thread_id=row["thread_id"], checkpoint_id=row["checkpoint_id"], value_bytes=row["value_bytes"],
+        ))  # fmt: skip
+    return out
+
+
+def item_history(
+    *, namespace: Path | list[str], key: str, scope: Scope, limit: int = 50, before: int | None = None
+) -> list[Version] | None:
+    """Up to `limit` versions of the item, newest first (older than version `before` if given),
+    with their values; None when there is no such item for the scope."""
+    item = _item(namespace_path(namespace), item_key(key), scope)
+    if item is None:
+        return None
+    last = min(item.version, before - 1) if before is not None else item.version
+    if last < 1:
+        return []
+    first = max(last - limit + 1, 1)
+    whole = _snapshot_before(item, first)
+    versions = _materialise(item, _versions(item, whole, last))
+    return [version for version in reversed(versions) if version.version >= first]
+
+
+def item_as_of(*, namespace: Path | list[str], key: str, scope: Scope, at: datetime) -> Found | None:
+    """The item as it was at `at`: the value of the newest version written by then (None if it
+    did not exist yet or was deleted)."""
+    path = namespace_path(namespace)
+    item = _item(path, item_key(key), scope)
+    if item is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT max(version) FROM memory_itemversion WHERE item_id = %s AND created_at <= %s", [item.id, at]
+        )
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    version = int(row[0])
+    versions = _materialise(item, _versions(item, _snapshot_before(item, version), version))
+    target = versions[-1]
+    if target.deleted:
+        return None
+    with connection.cursor() as cursor:
+        # Created when it was first written after its last deletion before then.
+        cursor.execute(
+            "SELECT min(created_at) FROM memory_itemversion WHERE item_id = %(item)s AND version <= %(version)s "
+            "AND version > coalesce((SELECT max(version) FROM memory_itemversion WHERE item_id = %(item)s "
+            "AND version <= %(version)s AND kind = %(deleted)s), 0)",
+            {"item": item.id, "version": version, "deleted": int(VersionKind.DELETED)},
+        )
+        created = cursor.fetchone()[0]
+    return Found(
+        item_id=item.id, namespace=path, key=item.key, value=target.value, version=target.version,
+        created_at=created, updated_at=target.created_at,
+    )  # fmt: skip
+
+
+def verify_item(*, namespace: Path | list[str], key: str, scope: Scope) -> int:
+    """Check the item's whole chain, from its first version to its head; returns how many versions
+    were checked (IntegrityFailure at the first that fails)."""
+    item = _item(namespace_path(namespace), item_key(key), scope)
+    if item is None:
+        return 0
+    versions = _materialise(item, _versions(item, 1, item.version))
+    return len(versions)

@@ -1,0 +1,482 @@
+"""Every write to memory: put an item, delete it, refresh or sweep expiry. Each is one function,
+and each write of an item is a new version of it.
+
+A put or delete is one statement: it moves the item's head (compare-and-set on the version this
+process knows, so a stale cache or a concurrent writer costs a retry, never a lost or forked
+version), appends the version with its MAC chained from the one before, and replaces the item's
+index entries. A value of DELTA_FROM bytes or more is stored as RFC 6902 ops against the version
+before when that is less than half its size, with a full snapshot at least every SNAPSHOT_EVERY
+versions, so a long history of a large item costs its changes and any version reads in bounded
+work.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.utils import timezone
+
+from checkpoints.ids import new_id
+from checkpoints.storage import codec
+from checkpoints.storage.jsonpatch import make_patch
+from memory import access, filters, heads, sealing, spaces
+from memory.access import Scope
+from memory.errors import InvalidValue, ItemNotFound, ValueTooLarge, VersionConflict
+from memory.heads import Head
+from memory.models import VersionKind, Writer
+from memory.paths import Path, item_key, namespace_path
+from memory.texts import IndexText
+
+DELTA_FROM = 2048
+SNAPSHOT_EVERY = 32
+_ATTEMPTS = 8
+_MICROSECOND = timedelta(microseconds=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Author:
+    """Who writes: an agent (and the key it used), a person, an auto-approve or other rule, or
+    Quicksave itself (`rule` names what, e.g. "ttl")."""
+
+    kind: Writer
+    agent_id: int | None = None
+    agent_key_id: int | None = None
+    user_id: int | None = None
+    rule: str = ""
+
+    @classmethod
+    def agent(cls, agent_id: int, *, key_id: int | None = None) -> Author:
+        return cls(Writer.AGENT, agent_id=agent_id, agent_key_id=key_id)
+
+    @classmethod
+    def person(cls, user_id: int) -> Author:
+        return cls(Writer.PERSON, user_id=user_id)
+
+    @classmethod
+    def by_rule(cls, name: str) -> Author:
+        return cls(Writer.RULE, rule=name)
+
+    @classmethod
+    def system(cls, what: str) -> Author:
+        return cls(Writer.SYSTEM, rule=what)
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """The thread, and the checkpoint in it, a write was made from (either may be unknown)."""
+
+    thread_id: UUID | None = None
+    checkpoint_id: UUID | None = None
+
+
+NOWHERE = Origin()
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    item_id: UUID
+    namespace: Path
+    key: str
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime | None
+    created: bool  # the item did not exist (or was deleted) before this write
+
+
+def _fields(author: Author, origin: Origin, value_bytes: int) -> dict[str, Any]:
+    """What a version's MAC covers besides its payload (memory.sealing)."""
+    return {
+        "writer": str(author.kind), "agent": author.agent_id, "agent_key": author.agent_key_id,
+        "user": author.user_id, "rule": author.rule,
+        "thread": str(origin.thread_id) if origin.thread_id else None,
+        "checkpoint": str(origin.checkpoint_id) if origin.checkpoint_id else None,
+        "value_bytes": value_bytes,
+    }  # fmt: skip
+
+
+def version_fields(row: Any) -> dict[str, Any]:
+    """`_fields` of a stored version row (ItemVersion, or its values by name)."""
+    get = row.get if isinstance(row, dict) else lambda name: getattr(row, name)
+    thread, checkpoint = get("thread_id"), get("checkpoint_id")
+    return {
+        "writer": str(get("writer")), "agent": get("agent_id"), "agent_key": get("agent_key_id"),
+        "user": get("user_id"), "rule": get("rule"), "thread": str(thread) if thread else None,
+        "checkpoint": str(checkpoint) if checkpoint else None, "value_bytes": get("value_bytes"),
+    }  # fmt: skip
+
+
+def _canonical(value: Any) -> bytes:
+    try:
+        canonical = codec.to_canonical_bytes(value)
+        codec.check_depth(value)
+    except codec.EncodingError as exc:
+        raise InvalidValue(f"The value {exc}.", detail={"field": "value"}) from None
+    limit: int = settings.QUICKSAVE_MEMORY_MAX_VALUE_BYTES
+    if len(canonical) > limit:
+        raise ValueTooLarge(
+            f"The value is {len(canonical)} bytes of JSON; the limit is {limit} (QUICKSAVE_MEMORY_MAX_VALUE_BYTES).",
+            detail={"field": "value", "limit": limit},
+        )
+    return canonical
+
+
+def _check_index(index: list[IndexText] | None) -> list[IndexText]:
+    for entry in index or ():
+        if entry.embedding is not None and (
+            not entry.embedding or not all(math.isfinite(component) for component in entry.embedding)
+        ):
+            raise InvalidValue(f"The embedding of {entry.field!r} is empty or not finite.", detail={"field": "index"})
+    return list(index or ())
+
+
+_HEAD_SQL = (
+    "SELECT id, version, integrity, deleted, created_at, updated_at, since_snapshot, indexed "
+    "FROM memory_item WHERE namespace_id = %s AND key = %s"
+)
+
+
+def _load_head(space: spaces.Space, key: str, *, lock: bool = False) -> Head | None:
+    with connection.cursor() as cursor:
+        cursor.execute(_HEAD_SQL + (" FOR UPDATE" if lock else ""), [space.id, key])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    head = Head(
+        item_id=row[0], version=row[1], integrity=bytes(row[2]), deleted=row[3], created_at=row[4],
+        updated_at=row[5], since_snapshot=row[6], indexed=row[7],
+    )  # fmt: skip
+    heads.keep(space.id, key, head)
+    return head
+
+
+def _head(space: spaces.Space, key: str) -> Head | None:
+    return heads.get(space.id, key) or _load_head(space, key)
+
+
+def _previous_value(space: spaces.Space, head: Head) -> Any:
+    """The value of the head version (for a delta): kept by this process, or read."""
+    kept = heads.value(head.item_id, head.version)
+    if kept is not None:
+        return kept
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT value FROM memory_item WHERE id = %s AND version = %s", [head.item_id, head.version])
+        row = cursor.fetchone()
+    if row is None or row[0] is None:
+        return None
+    return sealing.open_value(space, head.item_id, head.version, row[0])
+
+
+def _space_for_write(path: Path, scope: Scope) -> spaces.Space:
+    space, created = spaces.ensure(path, agent_id=scope.agent_id)
+    if not created and not access.may_use(scope, space):
+        # As if it did not exist, and it cannot be made: another agent's namespace.
+        raise ItemNotFound(
+            f"The memory namespace {'.'.join(path)} belongs to another agent; a person may share it with yours.",
+            detail={"namespace": list(path)},
+        )
+    return space
+
+
+def _check_expected(head: Head | None, expected_version: int | None) -> None:
+    if expected_version is None:
+        return
+    current = head.version if head is not None and not head.deleted else 0
+    if current != expected_version:
+        raise VersionConflict(
+            f"The item is at version {current}, not {expected_version}: someone wrote it since.",
+            detail={"current_version": current, "expected_version": expected_version},
+        )
+
+
+def _now(head: Head | None) -> datetime:
+    """Now, or just after the head's time if this process's clock is behind it: versions' times
+    never go backwards (an as-of read picks the version by time)."""
+    now = timezone.now()
+    if head is not None and now <= head.updated_at:
+        now = head.updated_at + _MICROSECOND
+    return now
+
+
+def put_item(
+    *,
+    namespace: Path | list[str],
+    key: str,
+    value: Any,
+    author: Author,
+    scope: Scope,
+    origin: Origin = NOWHERE,
+    ttl_minutes: float | None = None,
+    index: list[IndexText] | None = None,
+    expected_version: int | None = None,
+) -> Written:
+    """Write a new version of the item at (`namespace`, `key`), creating the namespace and the item
+    as needed. `index` replaces the item's indexed texts (None: it has none). `ttl_minutes`: the
+    item expires this long after its last write or read (memory.selectors refreshes it). With
+    `expected_version` (0: the item must not exist) the write is refused with VersionConflict
+    unless the item is at that version."""
+    path = namespace_path(namespace)
+    key = item_key(key)
+    canonical = _canonical(value)
+    entries = _check_index(index)
+    if ttl_minutes is not None and not (math.isfinite(ttl_minutes) and ttl_minutes > 0):
+        raise InvalidValue("ttl_minutes must be a positive number of minutes.", detail={"field": "ttl_minutes"})
+    space = _space_for_write(path, scope)
+    tokens = filters.value_tokens(value)
+
+    def attempt(head: Head | None) -> Written | None:
+        _check_expected(head, expected_version)
+        return _write(
+            space=space, key=key, head=head, canonical=canonical, value=value, tokens=tokens, author=author,
+            origin=origin, ttl_minutes=ttl_minutes, entries=entries,
+        )  # fmt: skip
+
+    return _retrying(space, key, attempt)
+
+
+def _retrying(space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None]) -> Any:
+    """`attempt` over the head this process knows (no read); if another writer moved the item
+    meanwhile, again over the head read under a row lock, which no other writer can then move."""
+    written = attempt(_head(space, key))
+    if written is not None:
+        return written
+    for _ in range(_ATTEMPTS):
+        heads.drop(space.id, key)
+        with transaction.atomic():
+            written = attempt(_load_head(space, key, lock=True))
+        if written is not None:
+            return written
+    raise VersionConflict(f"Item {key!r} kept changing under this write; try again.", detail={"field": "key"})
+
+
+def _write(
+    *,
+    space: spaces.Space,
+    key: str,
+    head: Head | None,
+    canonical: bytes,
+    value: Any,
+    tokens: list[int] | None,
+    author: Author,
+    origin: Origin,
+    ttl_minutes: float | None,
+    entries: list[IndexText],
+) -> Written | None:
+    """One attempt at a put over `head`; None when the item moved on (or appeared) meanwhile."""
+    fresh = head is None or head.deleted
+    item_id = head.item_id if head is not None else new_id()
+    version = head.version + 1 if head is not None else 1
+    now = _now(head)
+    created_at = now if fresh else head.created_at  # type: ignore[union-attr]
+    kind, payload_canonical, since_snapshot = VersionKind.SNAPSHOT, canonical, 0
+    if not fresh and len(canonical) >= DELTA_FROM and head.since_snapshot + 1 < SNAPSHOT_EVERY:  # type: ignore[union-attr]
+        previous = _previous_value(space, head)  # type: ignore[arg-type]
+        if previous is not None:
+            ops = codec.to_canonical_bytes(make_patch(previous, value))
+            if 2 * len(ops) < len(canonical):
+                kind, payload_canonical, since_snapshot = VersionKind.DELTA, ops, head.since_snapshot + 1  # type: ignore[union-attr]
+    sealed_value = sealing.seal(space, item_id, version, canonical)
+    payload = sealed_value if kind == VersionKind.SNAPSHOT else sealing.seal(space, item_id, version, payload_canonical)
+    fields = _fields(author, origin, len(canonical))
+    integrity = sealing.version_mac(
+        previous=head.integrity if head is not None else None, item_id=item_id, namespace_id=space.id, key=key,
+        version=version, kind=kind, created_at=now, fields=fields, payload=payload,
+    )  # fmt: skip
+    head_mac = sealing.head_mac(
+        item_id=item_id, namespace_id=space.id, key=key, version=version, value=sealed_value, integrity=integrity
+    )
+    expires_at = now + timedelta(minutes=ttl_minutes) if ttl_minutes is not None else None
+    item = {
+        "item": item_id, "namespace": space.id, "key": key, "version": version, "previous": version - 1,
+        "deleted": False, "value": sealed_value, "value_bytes": len(canonical), "integrity": integrity,
+        "head_mac": head_mac, "tokens": tokens, "indexed": bool(entries), "since_snapshot": since_snapshot,
+        "created_at": created_at, "updated_at": now, "expires_at": expires_at, "ttl": ttl_minutes,
+    }  # fmt: skip
+    row = {
+        "kind": int(kind), "payload": payload, "writer": str(author.kind), "agent": author.agent_id,
+        "agent_key": author.agent_key_id, "user": author.user_id, "rule": author.rule,
+        "thread": origin.thread_id, "checkpoint": origin.checkpoint_id,
+    }  # fmt: skip
+    drop_entries = head is not None and head.indexed
+    if not _execute(head is None, item, row, entries, drop_entries):
+        return None
+    heads.keep(space.id, key, Head(
+        item_id=item_id, version=version, integrity=integrity, deleted=False, created_at=created_at,
+        updated_at=now, since_snapshot=since_snapshot, indexed=bool(entries),
+    ))  # fmt: skip
+    if len(canonical) >= DELTA_FROM:
+        heads.keep_value(item_id, version, codec.loads(canonical), len(canonical))  # a copy no caller holds
+    return Written(
+        item_id=item_id, namespace=space.path, key=key, version=version, created_at=created_at, updated_at=now,
+        expires_at=expires_at, created=fresh,
+    )  # fmt: skip
+
+
+_INSERT_ITEM = """
+    INSERT INTO memory_item (id, namespace_id, key, version, deleted, value, value_bytes, integrity, head_mac,
+        tokens, indexed, since_snapshot, created_at, updated_at, expires_at, ttl_minutes)
+    VALUES (%(item)s, %(namespace)s, %(key)s, %(version)s, %(deleted)s, %(value)s, %(value_bytes)s,
+        %(integrity)s, %(head_mac)s, %(tokens)s::bigint[], %(indexed)s, %(since_snapshot)s, %(created_at)s,
+        %(updated_at)s, %(expires_at)s, %(ttl)s::float8)
+    ON CONFLICT (namespace_id, key) DO NOTHING RETURNING id
+"""
+_UPDATE_ITEM = """
+    UPDATE memory_item SET version = %(version)s, deleted = %(deleted)s, value = %(value)s,
+        value_bytes = %(value_bytes)s, integrity = %(integrity)s, head_mac = %(head_mac)s,
+        tokens = %(tokens)s::bigint[], indexed = %(indexed)s, since_snapshot = %(since_snapshot)s,
+        created_at = %(created_at)s, updated_at = %(updated_at)s, expires_at = %(expires_at)s,
+        ttl_minutes = %(ttl)s::float8
+    WHERE id = %(item)s AND version = %(previous)s RETURNING id
+"""
+_INSERT_VERSION = """
+    INSERT INTO memory_itemversion (item_id, version, kind, payload, integrity, created_at, value_bytes, writer,
+        agent_id, agent_key_id, user_id, rule, thread_id, checkpoint_id)
+    SELECT id, %(version)s::int, %(kind)s::smallint, %(payload)s::bytea, %(integrity)s::bytea,
+        %(updated_at)s::timestamptz, %(value_bytes)s::int, %(writer)s::varchar, %(agent)s::bigint,
+        %(agent_key)s::bigint, %(user)s::int, %(rule)s::varchar, %(thread)s::uuid, %(checkpoint)s::uuid
+    FROM item RETURNING 1
+"""
+_DROP_ENTRIES = "DELETE FROM memory_indexentry x USING item WHERE x.item_id = item.id"
+_INSERT_ENTRIES = """
+    INSERT INTO memory_indexentry (item_id, namespace_id, field, lexemes, embedding, dims)
+    SELECT item.id, %(namespace)s, e.field, to_tsvector('simple', e.text), e.embedding::real[], e.dims
+    FROM item, unnest(%(fields)s::text[], %(texts)s::text[], %(embeddings)s::text[], %(dims)s::int[])
+        AS e(field, text, embedding, dims)
+"""
+
+
+def _execute(
+    new: bool, item: dict[str, Any], row: dict[str, Any], entries: list[IndexText], drop_entries: bool
+) -> bool:
+    parts = [f"WITH item AS ({_INSERT_ITEM if new else _UPDATE_ITEM}), version AS ({_INSERT_VERSION})"]
+    params = {**item, **row}
+    if drop_entries:
+        parts.append(f", dropped AS ({_DROP_ENTRIES})")
+    if entries:
+        parts.append(f", entries AS ({_INSERT_ENTRIES})")
+        params["fields"] = [entry.field for entry in entries]
+        params["texts"] = [entry.text for entry in entries]
+        params["embeddings"] = [
+            "{" + ",".join(repr(float(c)) for c in entry.embedding) + "}" if entry.embedding else None
+            for entry in entries
+        ]
+        params["dims"] = [len(entry.embedding) if entry.embedding else None for entry in entries]
+    parts.append(" SELECT count(*) FROM version")
+    with connection.cursor() as cursor:
+        cursor.execute("".join(parts), params)
+        done = cursor.fetchone()
+    return bool(done and done[0])
+
+
+def delete_item(
+    *,
+    namespace: Path | list[str],
+    key: str,
+    author: Author,
+    scope: Scope,
+    origin: Origin = NOWHERE,
+    expected_version: int | None = None,
+) -> Written | None:
+    """Write a deletion as the item's next version (its history stays); None when there was no
+    item to delete (or the namespace is one the scope may not use)."""
+    path = namespace_path(namespace)
+    key = item_key(key)
+    space = spaces.find(path)
+    if space is None or not access.may_use(scope, space):
+        if expected_version:
+            _check_expected(None, expected_version)
+        return None
+
+    def attempt(head: Head | None) -> Written | None:
+        _check_expected(head, expected_version)
+        if head is None or head.deleted:
+            return _GONE
+        return _tombstone(space, key, head, author=author, origin=origin)
+
+    written = _retrying(space, key, attempt)
+    return None if written is _GONE else written
+
+
+# What a delete's attempt answers when there is nothing to delete (a Written, so no retry follows).
+_GONE: Any = object()
+
+
+def _tombstone(space: spaces.Space, key: str, head: Head, *, author: Author, origin: Origin) -> Written | None:
+    version = head.version + 1
+    now = _now(head)
+    fields = _fields(author, origin, 0)
+    integrity = sealing.version_mac(
+        previous=head.integrity, item_id=head.item_id, namespace_id=space.id, key=key, version=version,
+        kind=VersionKind.DELETED, created_at=now, fields=fields, payload=b"",
+    )  # fmt: skip
+    head_mac = sealing.head_mac(
+        item_id=head.item_id, namespace_id=space.id, key=key, version=version, value=None, integrity=integrity
+    )
+    item = {
+        "item": head.item_id, "namespace": space.id, "key": key, "version": version, "previous": head.version,
+        "deleted": True, "value": None, "value_bytes": 0, "integrity": integrity, "head_mac": head_mac,
+        "tokens": None, "indexed": False, "since_snapshot": 0, "created_at": head.created_at, "updated_at": now,
+        "expires_at": None, "ttl": None,
+    }  # fmt: skip
+    row = {
+        "kind": int(VersionKind.DELETED), "payload": b"", "writer": str(author.kind), "agent": author.agent_id,
+        "agent_key": author.agent_key_id, "user": author.user_id, "rule": author.rule,
+        "thread": origin.thread_id, "checkpoint": origin.checkpoint_id,
+    }  # fmt: skip
+    if not _execute(False, item, row, [], head.indexed):
+        return None
+    heads.keep(space.id, key, Head(
+        item_id=head.item_id, version=version, integrity=integrity, deleted=True, created_at=head.created_at,
+        updated_at=now, since_snapshot=0, indexed=False,
+    ))  # fmt: skip
+    return Written(
+        item_id=head.item_id, namespace=space.path, key=key, version=version, created_at=head.created_at,
+        updated_at=now, expires_at=None, created=False,
+    )  # fmt: skip
+
+
+def refresh_expiry(item_ids: list[UUID], *, live_only: bool = False) -> None:
+    """Move the expiry of items with a TTL to that long from now (a read of them); `live_only`
+    leaves items already past it alone (they are treated as gone)."""
+    if not item_ids:
+        return
+    condition = " AND expires_at > now()" if live_only else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory_item SET expires_at = now() + ttl_minutes * interval '1 minute' "
+            f"WHERE id = ANY(%s::uuid[]) AND ttl_minutes IS NOT NULL AND NOT deleted{condition}",
+            [item_ids],
+        )
+
+
+def sweep_expired(*, batch: int = 500) -> int:
+    """Delete (as a new version written by Quicksave, rule "ttl") every item past its expiry; returns
+    how many. Safe to run in several processes at once: each takes rows the others have not locked."""
+    swept = 0
+    author = Author.system("ttl")
+    while True:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT i.id, i.namespace_id, i.key, i.version, i.integrity, i.created_at, i.updated_at, i.indexed "
+                    "FROM memory_item i WHERE i.expires_at <= now() AND NOT i.deleted "
+                    "ORDER BY i.expires_at LIMIT %s FOR UPDATE SKIP LOCKED",
+                    [batch],
+                )
+                rows = cursor.fetchall()
+            for item_id, namespace_id, key, version, integrity, created_at, updated_at, indexed in rows:
+                head = Head(
+                    item_id=item_id, version=version, integrity=bytes(integrity), deleted=False,
+                    created_at=created_at, updated_at=updated_at, since_snapshot=0, indexed=indexed,
+                )  # fmt: skip
+                if _tombstone(spaces.by_id(namespace_id), key, head, author=author, origin=NOWHERE) is not None:
+                    swept += 1
+        if len(rows) < batch:
+            return swept

@@ -1,0 +1,296 @@
+"""The memory store's writes: versions with who, where and when; sealed values; the integrity chain;
+deltas for large values; as-of reads; compare-and-set; TTL and its sweep."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+
+from checkpoints import storage
+from checkpoints.storage.errors import IntegrityFailure
+from memory import heads, selectors, store
+from memory.access import EVERYTHING
+from memory.errors import InvalidNamespace, InvalidValue, ValueTooLarge, VersionConflict
+from memory.models import Item, ItemVersion, Namespace, VersionKind, Writer
+from quicksave_agents.models import Agent
+
+pytestmark = pytest.mark.django_db
+
+NS = ("users", "alice")
+SYSTEM = store.Author.system("tests")
+
+
+def put(value: Any, *, key: str = "prefs", **kwargs: Any) -> store.Written:
+    kwargs.setdefault("author", SYSTEM)
+    kwargs.setdefault("scope", EVERYTHING)
+    return store.put_item(namespace=NS, key=key, value=value, **kwargs)
+
+
+def history(key: str = "prefs") -> list[selectors.Version]:
+    found = selectors.item_history(namespace=NS, key=key, scope=EVERYTHING)
+    assert found is not None
+    return found
+
+
+def test_every_put_is_a_new_version_naming_its_writer_thread_and_checkpoint(agent: Agent) -> None:
+    thread, _ = storage.create_thread(agent=agent, external_id="trip")
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"step": 1})
+    key = agent.keys.create(prefix="qs_test1", secret_hash="0" * 64)
+    first = put({"color": "red"}, author=store.Author.agent(agent.pk, key_id=key.pk))
+    second = put(
+        {"color": "blue"},
+        author=store.Author.agent(agent.pk),
+        origin=store.Origin(thread_id=thread.pk, checkpoint_id=checkpoint.pk),
+    )
+
+    assert (first.version, second.version) == (1, 2)
+    assert first.created and not second.created
+    newest, oldest = history()
+    assert (newest.value, oldest.value) == ({"color": "blue"}, {"color": "red"})
+    assert (oldest.writer, oldest.agent_id, oldest.agent_key_id) == (Writer.AGENT, agent.pk, key.pk)
+    assert oldest.thread_id is None
+    assert (newest.thread_id, newest.checkpoint_id) == (thread.pk, checkpoint.pk)
+    assert newest.created_at > oldest.created_at
+    item = selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
+    assert item is not None and item.value == {"color": "blue"} and item.version == 2
+
+
+def test_values_are_sealed_under_the_namespace_data_key() -> None:
+    put({"secret": "the launch code is 1234"})
+
+    namespace = Namespace.objects.get(path=list(NS))
+    assert namespace.wrapped_key and namespace.master_key_id
+    item = Item.objects.get(key="prefs")
+    version = ItemVersion.objects.get(item=item, version=1)
+    assert item.value is not None
+    for stored in (bytes(item.value), bytes(version.payload)):
+        assert stored[0] == 0x02  # crypto.SEALED
+        assert b"launch code" not in stored
+
+
+def test_with_encryption_off_values_are_stored_plain_and_still_verify(settings: Any) -> None:
+    settings.QUICKSAVE_ENCRYPT = False
+    put({"note": "plain as day"})
+    put({"note": "still plain"})
+
+    assert Namespace.objects.get(path=list(NS)).wrapped_key is None
+    assert b"still plain" in bytes(Item.objects.get(key="prefs").value or b"")
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 2
+
+
+def test_a_value_altered_in_the_database_fails_its_integrity_check(settings: Any) -> None:
+    settings.QUICKSAVE_ENCRYPT = False
+    put({"limit": 10})
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE memory_item SET value = overlay(value PLACING '99'::bytea FROM position('10'::bytea IN value)) "
+            "WHERE key = 'prefs'"
+        )
+
+    with pytest.raises(IntegrityFailure, match="altered outside Quicksave"):
+        selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
+
+
+def test_an_altered_version_breaks_the_chain_after_it() -> None:
+    for n in range(3):
+        put({"n": n})
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE memory_itemversion SET rule = 'someone else' WHERE version = 2")
+
+    with pytest.raises(IntegrityFailure, match=r"Version 2 .* fails its integrity check"):
+        selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING)
+
+
+def test_a_removed_version_is_noticed() -> None:
+    for n in range(3):
+        put({"n": n})
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM memory_itemversion WHERE version = 2")
+
+    with pytest.raises(IntegrityFailure, match="missing versions"):
+        selectors.item_history(namespace=NS, key="prefs", scope=EVERYTHING)
+
+
+def test_a_value_copied_from_another_item_does_not_open_there() -> None:
+    put({"n": 1}, key="a")
+    put({"n": 2}, key="b")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE memory_item SET value = (SELECT value FROM memory_item WHERE key = 'b') WHERE key = 'a'")
+
+    with pytest.raises(IntegrityFailure):
+        selectors.get_item(namespace=NS, key="a", scope=EVERYTHING)
+
+
+def test_large_values_are_stored_as_deltas_with_a_snapshot_every_so_often() -> None:
+    notes = [hashlib.sha256(str(n).encode()).hexdigest() for n in range(100)]  # incompressible
+    value: dict[str, Any] = {"notes": notes, "n": 0}
+    for n in range(1, store.SNAPSHOT_EVERY + 5):
+        value = {**value, "n": n}
+        put(value)
+
+    kinds = list(ItemVersion.objects.filter(item__key="prefs").order_by("version").values_list("kind", flat=True))
+    assert kinds[0] == VersionKind.SNAPSHOT
+    assert kinds[1 : store.SNAPSHOT_EVERY] == [VersionKind.DELTA] * (store.SNAPSHOT_EVERY - 1)
+    assert kinds[store.SNAPSHOT_EVERY] == VersionKind.SNAPSHOT
+    sizes = ItemVersion.objects.filter(item__key="prefs").order_by("version").values_list("payload", flat=True)
+    assert max(len(bytes(p)) for p in sizes[1:5]) < len(bytes(sizes[0])) / 5
+    assert [v.value["n"] for v in history()] == list(range(store.SNAPSHOT_EVERY + 4, 0, -1))
+
+
+def test_a_delta_is_made_against_the_value_read_back_when_this_process_forgot_it() -> None:
+    value = {"notes": "x" * 5000, "n": 1}
+    put(value)
+    heads.clear()
+    put({**value, "n": 2})
+
+    assert list(ItemVersion.objects.order_by("version").values_list("kind", flat=True)) == [0, 1]
+    assert [v.value["n"] for v in history()] == [2, 1]
+
+
+def test_an_item_reads_as_it_was_at_any_time() -> None:
+    put({"v": 1})
+    after_first = timezone.now()
+    put({"v": 2})
+    after_second = timezone.now()
+    store.delete_item(namespace=NS, key="prefs", author=SYSTEM, scope=EVERYTHING)
+    after_delete = timezone.now()
+    put({"v": 3})
+
+    def at(moment: Any) -> Any:
+        found = selectors.item_as_of(namespace=NS, key="prefs", scope=EVERYTHING, at=moment)
+        return found and found.value
+
+    assert at(after_first - timedelta(hours=1)) is None
+    assert at(after_first) == {"v": 1}
+    assert at(after_second) == {"v": 2}
+    assert at(after_delete) is None
+    assert at(timezone.now()) == {"v": 3}
+
+
+def test_a_delete_is_a_version_and_a_later_put_starts_the_item_afresh() -> None:
+    first = put({"v": 1})
+    deleted = store.delete_item(namespace=NS, key="prefs", author=SYSTEM, scope=EVERYTHING)
+    again = put({"v": 2})
+
+    assert deleted is not None and deleted.version == 2
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is not None
+    assert again.created and again.created_at > first.created_at
+    assert [(v.version, v.deleted) for v in history()] == [(3, False), (2, True), (1, False)]
+    assert store.delete_item(namespace=NS, key="missing", author=SYSTEM, scope=EVERYTHING) is None
+
+
+def test_a_write_expecting_another_version_gets_409_with_the_current_one() -> None:
+    put({"v": 1}, expected_version=0)
+    put({"v": 2}, expected_version=1)
+
+    with pytest.raises(VersionConflict) as raised:
+        put({"v": 3}, expected_version=1)
+    assert raised.value.detail["current_version"] == 2
+    with pytest.raises(VersionConflict):
+        put({"v": 3}, key="new", expected_version=4)
+
+
+def test_a_head_this_process_had_wrong_costs_a_retry_not_a_fork() -> None:
+    put({"v": 1})
+    namespace_id = Namespace.objects.get(path=list(NS)).pk
+    stale = heads.get(namespace_id, "prefs")
+    put({"v": 2})
+    assert stale is not None
+    heads.keep(namespace_id, "prefs", stale)  # what a process that missed version 2 knows
+
+    third = put({"v": 3})
+
+    assert third.version == 3
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_writers_of_one_item_each_get_their_own_version() -> None:
+    put({"writer": "none", "n": 0})
+    errors: list[BaseException] = []
+
+    def write(name: str) -> None:
+        try:
+            for n in range(15):
+                heads.clear()  # as a separate process would: no head in common
+                put({"writer": name, "n": n})
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=write, args=(name,)) for name in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+
+    assert not errors
+    versions = list(ItemVersion.objects.order_by("version").values_list("version", flat=True))
+    assert versions == list(range(1, 47))
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 46
+
+
+def test_expired_items_are_swept_as_deletions_by_quicksave() -> None:
+    put({"v": 1}, ttl_minutes=5)
+    put({"v": 1}, key="forever")
+    Item.objects.filter(key="prefs").update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert store.sweep_expired() == 1
+
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is None
+    assert selectors.get_item(namespace=NS, key="forever", scope=EVERYTHING) is not None
+    newest = history()[0]
+    assert (newest.deleted, newest.writer, newest.rule) == (True, Writer.SYSTEM, "ttl")
+    assert store.sweep_expired() == 0
+
+
+def test_a_read_moves_the_expiry_of_an_item_with_a_ttl() -> None:
+    written = put({"v": 1}, ttl_minutes=10)
+    Item.objects.filter(key="prefs").update(expires_at=timezone.now() + timedelta(minutes=1))
+
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING, refresh_ttl=True) is not None
+
+    expires_at = Item.objects.get(key="prefs").expires_at
+    assert written.expires_at is not None and expires_at is not None
+    assert expires_at > timezone.now() + timedelta(minutes=9)
+
+
+def test_an_expired_item_is_omitted_when_asked_before_any_sweep() -> None:
+    put({"v": 1}, ttl_minutes=5)
+    Item.objects.filter(key="prefs").update(expires_at=timezone.now() - timedelta(seconds=1))
+
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is not None
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING, omit_expired=True) is None
+    assert selectors.search_items(scope=EVERYTHING, prefix=NS, omit_expired=True) == []
+    assert selectors.list_namespaces(scope=EVERYTHING, omit_expired=True) == []
+
+
+@pytest.mark.parametrize(
+    ("value", "error", "message"),
+    [
+        ({"x": float("nan")}, InvalidValue, "NaN"),
+        ({"x": "\ud800"}, InvalidValue, "surrogate"),
+        ({"x": "y" * 5000}, ValueTooLarge, "QUICKSAVE_MEMORY_MAX_VALUE_BYTES"),
+    ],
+)
+def test_a_value_the_store_cannot_keep_is_refused_and_nothing_is_written(
+    settings: Any, value: Any, error: type[Exception], message: str
+) -> None:
+    settings.QUICKSAVE_MEMORY_MAX_VALUE_BYTES = 1024
+    with pytest.raises(error, match=message):
+        put(value)
+    assert not Item.objects.exists()
+
+
+@pytest.mark.parametrize("namespace", [(), ("a.b",), ("",), ("ok", 3), ("x",) * 33])
+def test_a_namespace_that_is_no_path_is_refused(namespace: Any) -> None:
+    with pytest.raises(InvalidNamespace):
+        store.put_item(namespace=namespace, key="k", value={}, author=SYSTEM, scope=EVERYTHING)
+    assert not Namespace.objects.exists()

@@ -86,7 +86,9 @@ def test_a_text_query_ranks_items_whose_indexed_fields_have_its_words_first() ->
 
     found = selectors.search_items(scope=EVERYTHING, prefix=("notes",), query="dog cat")
     assert [item.key for item in found][:2] == ["b", "a"]
-    assert found[0].score is not None and found[0].score > found[1].score > 0
+    first, second = found[0].score, found[1].score
+    assert first is not None and second is not None
+    assert first > second > 0
     assert {item.key for item in found if item.score == 0} == {"c", "d"}
     assert keys(prefix=("notes",), query="zebra")[0] == "d"
 

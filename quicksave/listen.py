@@ -13,6 +13,7 @@ through it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import psycopg
@@ -20,11 +21,15 @@ from django.conf import settings
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
+_PLAIN_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
 
 class Listener:
     """A LISTEN on `channel`: `wait` blocks until a notification or a timeout."""
 
     def __init__(self, channel: str) -> None:
+        if not _PLAIN_NAME.fullmatch(channel):
+            raise ValueError(f"A channel is a lower-case identifier, got {channel!r}")
         db = settings.DATABASE_LISTEN
         # The URL's connection options (sslmode, say) too; not the pool's or psycopg's own settings.
         options = {key: value for key, value in db["OPTIONS"].items() if isinstance(value, str)}
@@ -45,7 +50,7 @@ class Listener:
     def _open(self) -> psycopg.Connection[Any]:
         if self._connection is None or self._connection.closed:
             self._connection = psycopg.connect(self._conninfo, autocommit=True)
-            self._connection.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+            self._connection.execute(sql.SQL(f"LISTEN {self._channel}"))  # a plain name: checked above
         return self._connection
 
     def close(self) -> None:

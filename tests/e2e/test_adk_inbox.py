@@ -11,9 +11,6 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("google.adk")
-
 from google.adk.runners import Runner
 from google.genai import types
 

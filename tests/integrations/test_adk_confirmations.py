@@ -6,10 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import google.adk  # noqa: F401  (a missing framework fails the run)
 import pytest
-
-pytest.importorskip("google.adk")
-
 from django.contrib.auth.models import User
 
 from approvals.models import ApprovalRequest, ApprovalStatus

@@ -7,9 +7,6 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-
-pytest.importorskip("google.adk")
-
 from channels.db import database_sync_to_async
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError

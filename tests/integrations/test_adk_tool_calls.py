@@ -9,10 +9,8 @@ import threading
 from datetime import timedelta
 from typing import Any
 
+import google.adk  # noqa: F401  (a missing framework fails the run)
 import pytest
-
-pytest.importorskip("google.adk")
-
 from django.contrib.auth.models import User
 from django.db import connection
 from django.utils import timezone

@@ -11,9 +11,14 @@ register = template.Library()
 
 
 @register.filter
-def compact_json(value: Any) -> str:
-    """A JSON value on one line, as an agent wrote it (not Python's repr)."""
-    return json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+def compact_json(value: Any, limit: int | None = None) -> str:
+    """A JSON value on one line, as an agent wrote it (not Python's repr); with a `limit`, cut to
+    that many characters, the last an ellipsis (what `truncatechars` does, at a tenth of its cost
+    in a list of a hundred rows)."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    if limit is not None and len(text) > limit:
+        return text[: max(limit - 1, 0)] + "…"
+    return text
 
 
 @register.filter

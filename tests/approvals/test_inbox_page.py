@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import html
 import re
 from datetime import timedelta
 from typing import Any
@@ -25,11 +26,12 @@ def reviewer_page(db: Any) -> Client:
     return signed_in(person("rita", "reviewer"))
 
 
-def file_approvals(agent: Agent, count: int) -> list[ApprovalRequest]:
-    """One pending approval on each of `count` threads; two at a time share a timestamp."""
+def file_approvals(agent: Agent, count: int, *, first: int = 0) -> list[ApprovalRequest]:
+    """One pending approval on each of `count` new threads (trip-`first` on); two at a time share
+    a timestamp."""
     filed = []
     start = timezone.now() - timedelta(hours=1)
-    for index in range(count):
+    for index in range(first, first + count):
         thread = storage.create_thread(agent=agent, external_id=f"trip-{index}")[0]
         head = storage.append_checkpoint(thread=thread, parent=None, state={})
         approval = request_approval(thread=thread, checkpoint=head, action="book_flight", args={"n": index})
@@ -107,3 +109,34 @@ def test_a_page_link_with_an_offset_postgresql_refuses_is_read_in_utc(
     position = f'["2025-01-01T00:00:00{offset}", "00000000-0000-0000-0000-000000000000"]'
     after = base64.urlsafe_b64encode(position.encode()).decode()
     assert reviewer_page.get("/inbox/", {"after": after, "status": status}).status_code == 200
+
+
+def test_the_inbox_page_makes_as_many_queries_for_forty_rows_as_for_two(reviewer_page: Client, agent: Agent) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries() -> int:
+        with CaptureQueriesContext(connection) as captured:
+            assert reviewer_page.get("/inbox/?view=mine").status_code == 200
+        return len(captured.captured_queries)
+
+    file_approvals(agent, 2)
+    reviewer_page.get("/inbox/?view=mine")  # the session and permissions, read once
+    few = queries()
+    file_approvals(agent, 38, first=2)
+
+    assert queries() == few
+
+
+def test_a_long_argument_list_is_cut_to_the_row_with_an_ellipsis(reviewer_page: Client, agent: Agent) -> None:
+    thread = storage.create_thread(agent=agent, external_id="long-args")[0]
+    head = storage.append_checkpoint(thread=thread, parent=None, state={})
+    request_approval(thread=thread, checkpoint=head, action="send_email", args={"body": "x" * 500})
+
+    body = reviewer_page.get("/inbox/").content.decode()
+
+    shown = re.search(r'<code class="small">([^<]*)</code>', body)
+    assert shown is not None
+    text = html.unescape(shown.group(1))
+    assert len(text) == 80 and text.endswith("…")
+    assert text.startswith('{"body": "xxx')

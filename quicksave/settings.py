@@ -270,7 +270,7 @@ QUICKSAVE_MAX_DEPTH = envint("QUICKSAVE_MAX_DEPTH", 64, minimum=2)
 QUICKSAVE_MAX_METADATA_BYTES = envint("QUICKSAVE_MAX_METADATA_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_MAX_REQUEST_BYTES = envint("QUICKSAVE_MAX_REQUEST_BYTES", 32 * 1024 * 1024, minimum=1024)
 QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 128 * 1024 * 1024, minimum=0)
-# `manage.py prune` compacts only threads idle this long (see checkpoints/retention.py).
+# `manage.py prune` compacts only threads idle this long (see checkpoints/compaction.py).
 QUICKSAVE_COMPACT_IDLE_HOURS = envint("QUICKSAVE_COMPACT_IDLE_HOURS", 24, minimum=0)
 QUICKSAVE_INTEGRITY_KEY = envstr("QUICKSAVE_INTEGRITY_KEY") or SECRET_KEY
 if QUICKSAVE_PRODUCTION and envstr("QUICKSAVE_INTEGRITY_KEY"):

@@ -18,7 +18,7 @@ from django.utils import timezone
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import request_approval
 from audit.models import AuditEntry
-from checkpoints import export, retention, storage
+from checkpoints import compaction, export, retention, storage
 from checkpoints.export import import_thread
 from checkpoints.models import (
     Blob,
@@ -196,7 +196,7 @@ def test_compaction_keeps_every_remaining_state_and_the_checkpoints_things_point
     before = every_state(thread)
     assert len(before) == 340
 
-    result = retention.compact_thread(thread=thread, keep_every=10)
+    result = compaction.compact_thread(thread=thread, keep_every=10)
 
     # seqs 1, 11, …, 291 of main and 1, 11, 21, 31 of alt; both heads; the fork point (137),
     # the approval's checkpoint (150) and the run's (205).
@@ -250,10 +250,10 @@ def test_compacting_again_with_the_same_n_changes_nothing(agent: Agent) -> None:
     thread = storage.create_thread(agent=agent)[0]
     long_history(thread, 60)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
-    first = retention.compact_thread(thread=thread, keep_every=7)
+    first = compaction.compact_thread(thread=thread, keep_every=7)
     rows = rows_of(thread)
 
-    again = retention.compact_thread(thread=thread, keep_every=7)
+    again = compaction.compact_thread(thread=thread, keep_every=7)
 
     assert first.removed > 0 and again.removed == 0
     assert rows_of(thread) == rows
@@ -265,7 +265,7 @@ def test_compaction_leaves_the_events_of_the_checkpoints_it_rewrites_and_removes
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     before = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
 
-    result = retention.compact_thread(thread=thread, keep_every=7)
+    result = compaction.compact_thread(thread=thread, keep_every=7)
 
     after = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
     assert result.removed > 0 and len(after) == len(before) + 1  # and thread.compacted
@@ -279,8 +279,8 @@ def test_a_thread_with_a_tampered_row_is_not_compacted(agent: Agent) -> None:
     Checkpoint.objects.filter(pk=written[20].pk).update(label="edited behind Quicksave's back")
     rows = rows_of(thread)
 
-    with pytest.raises(retention.CompactionRefused, match="fails its integrity check"):
-        retention.compact_thread(thread=thread, keep_every=5)
+    with pytest.raises(compaction.CompactionRefused, match="fails its integrity check"):
+        compaction.compact_thread(thread=thread, keep_every=5)
 
     assert rows_of(thread) == rows  # a recomputed MAC would have hidden the edit
 
@@ -299,8 +299,8 @@ def test_running_and_waiting_threads_are_not_compacted_even_when_long_and_old(ag
     assert (report.threads_deleted, report.threads_compacted, report.checkpoints_removed) == (0, 0, 0)
     for thread, rows in busy:
         assert rows_of(thread) == rows
-        with pytest.raises(retention.CompactionRefused, match="left alone"):
-            retention.compact_thread(thread=thread, keep_every=3)
+        with pytest.raises(compaction.CompactionRefused, match="left alone"):
+            compaction.compact_thread(thread=thread, keep_every=3)
 
 
 def test_prune_compacts_a_thread_only_once_it_has_been_idle_for_a_while(agent: Agent, settings: Any) -> None:
@@ -325,7 +325,7 @@ def test_compaction_keeps_the_age_of_the_thread(agent: Agent) -> None:
     old = timezone.now() - timedelta(days=3)
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED, updated_at=old)
 
-    retention.compact_thread(thread=thread, keep_every=4)
+    compaction.compact_thread(thread=thread, keep_every=4)
 
     assert Thread.objects.get(pk=thread.pk).updated_at == old
     assert thread.events.filter(type="thread.compacted").exists()  # the live page refreshes
@@ -339,7 +339,7 @@ def test_compaction_drops_the_materialised_heads_it_made_stale(agent: Agent) -> 
     head, state = storage.latest_state(thread=thread)  # saves the head's state, bound to its MAC
     assert head == written[-1].pk and MaterialisedHead.objects.filter(checkpoint_id=head).exists()
 
-    retention.compact_thread(thread=thread, keep_every=4)
+    compaction.compact_thread(thread=thread, keep_every=4)
 
     assert not MaterialisedHead.objects.filter(branch__thread=thread).exists()
     a_fresh_process()  # another server: it must learn the head's new MAC from PostgreSQL
@@ -459,7 +459,7 @@ def test_bytes_freed_is_what_the_payload_column_lost(agent: Agent) -> None:
             return int(cursor.fetchone()[0])
 
     before = stored()
-    result = retention.compact_thread(thread=thread, keep_every=5)
+    result = compaction.compact_thread(thread=thread, keep_every=5)
 
     assert result.bytes_before == before
     assert before - stored() == result.bytes_freed > 0
@@ -503,7 +503,7 @@ def test_another_process_with_stale_cached_nodes_reads_and_appends_correctly_aft
     expected = storage.state_at(head)
     # What another server process holds: the head and a middle checkpoint as they were before.
     stale = [storage.load_node(head.pk), storage.load_node(written[31].pk)]
-    retention.compact_thread(thread=thread, keep_every=7)
+    compaction.compact_thread(thread=thread, keep_every=7)
     assert Checkpoint.objects.get(pk=head.pk).integrity != stale[0].integrity  # the head's chain was rewritten
 
     for node in stale:
@@ -525,19 +525,19 @@ def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten
     head = long_history(thread, 30)[-1]
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
     applied, release = threading.Event(), threading.Event()
-    check_result = retention._check_result
+    check_result = compaction._check_result
 
     def held_open(kept: Any) -> None:  # the compaction has rewritten its rows but not committed
         applied.set()
         release.wait(10)
         check_result(kept)
 
-    monkeypatch.setattr(retention, "_check_result", held_open)
+    monkeypatch.setattr(compaction, "_check_result", held_open)
     appended: list[Any] = []
 
     def compact() -> None:
         try:
-            retention.compact_thread(thread=thread, keep_every=5)
+            compaction.compact_thread(thread=thread, keep_every=5)
         finally:
             connection.close()
 
@@ -550,14 +550,14 @@ def test_an_append_racing_the_compaction_of_its_parent_chains_from_the_rewritten
         finally:
             connection.close()
 
-    compaction = threading.Thread(target=compact)
-    compaction.start()
+    compacting = threading.Thread(target=compact)
+    compacting.start()
     assert applied.wait(10)
     writer = threading.Thread(target=append)
     writer.start()
     writer.join(0.5)
     release.set()
-    compaction.join(10)
+    compacting.join(10)
     writer.join(10)
 
     (child,) = appended

@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 
 from approvals.models import ApprovalRequest, ApprovalStatus
-from checkpoints import live
+from checkpoints import live, sockets
 from checkpoints.access import visible_threads
 from quicksave_agents.auth import AgentPrincipal
 
@@ -25,7 +25,7 @@ def _sees_everything(principal: Any) -> bool:
     return bool(principal.has_perm("checkpoints.view_thread"))
 
 
-class InboxConsumer(live.EventConsumer):
+class InboxConsumer(sockets.EventConsumer):
     """`/ws/inbox/`: first an `inbox.sync` with the pending approval ids (a reconnecting client
     reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
 

@@ -7,7 +7,7 @@ from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
 
-from checkpoints import live, storage
+from checkpoints import live, sockets, storage
 from checkpoints.access import visible_threads
 from quicksave import logs
 
@@ -33,7 +33,7 @@ def after_seq(scope: dict[str, Any]) -> int | None:
     return seq if seq >= 0 else None
 
 
-class ThreadConsumer(live.EventConsumer):
+class ThreadConsumer(sockets.EventConsumer):
     """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
 
     Consumers handle one message at a time, so live events that arrive during the
@@ -86,7 +86,7 @@ def _sees_every_thread(principal: Any) -> bool:
     return bool(getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"))
 
 
-class ThreadListConsumer(live.EventConsumer):
+class ThreadListConsumer(sockets.EventConsumer):
     """`/ws/threads/`: for the dashboard's thread list, `threads.changed` naming the threads that had
     events, once per publisher round. For people who may read every thread; an agent key lists its
     threads through the API."""

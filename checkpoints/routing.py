@@ -1,7 +1,7 @@
 from django.urls import path, re_path
 
 from checkpoints.consumers import ThreadConsumer, ThreadListConsumer
-from checkpoints.live import NoRoute
+from checkpoints.sockets import NoRoute
 
 websocket_urlpatterns = [
     path("ws/threads/", ThreadListConsumer.as_asgi()),

@@ -9,7 +9,7 @@ exporter reads its own variables (headers, timeout, compression).
 
 Three hops have no instrumentation, so Quicksave carries the W3C trace context itself:
 a committed event to the publisher thread and through the channel layer to the socket that
-pushes it (checkpoints.live), and a queued run to the worker or agent that resumes it
+pushes it (checkpoints.live, checkpoints.sockets), and a queued run to the worker or agent that resumes it
 (`Run.trace_context`). Without tracing every helper here is a no-op that allocates nothing.
 
 Database and Redis calls made outside any request or run (the channel layer's polling, lease

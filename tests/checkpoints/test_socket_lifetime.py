@@ -15,7 +15,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.test import Client
 
-from checkpoints import live, storage
+from checkpoints import live, sockets, storage
 from checkpoints.models import Thread
 from quicksave_agents.auth import AgentPrincipal
 from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_create_agent, revoke_agent_key
@@ -54,7 +54,7 @@ def close_messages_lost() -> Iterator[None]:
 @pytest.fixture
 def no_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only the close message can close a socket in time."""
-    monkeypatch.setattr(live, "RECHECK_SECONDS", 60.0, raising=False)
+    monkeypatch.setattr(sockets, "RECHECK_SECONDS", 60.0)
 
 
 def _thread() -> Thread:

@@ -242,7 +242,7 @@ def _fork(
             thread=thread, parent=checkpoint, patch=written_ops, branch=name, step=step,
             label=_label("re-run" if action == "thread.rerun" else "fork", reason), status=status,
             metadata={"author": user.get_username(), "reason": reason, "forked_from": str(checkpoint.pk),
-                      "edits": len(ops), **framework_metadata},
+                      "edits": len(ops), **framework_metadata, **_environment(checkpoint)},
             schema_version=checkpoint.schema_version, source=CheckpointSource.HUMAN,
         )  # fmt: skip
         run = enqueue_run(thread=thread, checkpoint=created, reason=RunReason.FORK, approval=carry) if resume else None
@@ -264,6 +264,13 @@ def _fork(
             address=address, sealed=("patch",),
         )  # fmt: skip
     return created
+
+
+def _environment(checkpoint: Checkpoint) -> dict[str, Any]:
+    """The environment references the forked checkpoint recorded, carried to the fork's first
+    checkpoint: a resume from it checks them (quicksave_agents.runtime, the SDK's `serve`)."""
+    references = checkpoint.metadata.get("environment") if isinstance(checkpoint.metadata, dict) else None
+    return {"environment": references} if references else {}
 
 
 def resume_failed(*, thread: Thread, user: User, reason: str, address: str | None = None) -> Run:

@@ -180,3 +180,44 @@ def thread_page(
         return rows, None
     rows = rows[:size]
     return rows, (getattr(rows[-1], field), str(rows[-1].pk))
+
+
+@dataclass(frozen=True)
+class EnvironmentStop:
+    """A resume from a fork of a checkpoint that stopped because the world had changed."""
+
+    checkpoint: Checkpoint  # the failed checkpoint the stop wrote
+    changes: list[str]
+
+
+def environment_of(checkpoint: Checkpoint) -> list[dict[str, str]]:
+    """The environment references a checkpoint recorded (`metadata.environment`, checked when
+    written; a row from before that check shows only well-formed ones)."""
+    references = checkpoint.metadata.get("environment") if isinstance(checkpoint.metadata, dict) else None
+    if not isinstance(references, list):
+        return []
+    return [r for r in references if isinstance(r, dict) and all(isinstance(r.get(k), str) for k in _REFERENCE_KEYS)]
+
+
+_REFERENCE_KEYS = ("kind", "locator", "digest")
+
+
+def environment_stop(checkpoint: Checkpoint) -> EnvironmentStop | None:
+    """The latest resume from a fork of `checkpoint` that the environment check stopped, if any
+    (no query for a checkpoint that recorded no environment: nothing could have stopped)."""
+    if not environment_of(checkpoint):
+        return None
+    stopped = (
+        Checkpoint.objects.defer(*SUMMARY_DEFER)
+        .filter(
+            thread_id=checkpoint.thread_id,
+            metadata__has_key="environment_mismatch",
+            parent__metadata__forked_from=str(checkpoint.pk),
+        )
+        .order_by("-created_at")
+        .first()
+    )
+    if stopped is None:
+        return None
+    changes = stopped.metadata.get("environment_mismatch")
+    return EnvironmentStop(stopped, [str(c) for c in changes] if isinstance(changes, list) else [])

@@ -58,10 +58,12 @@ class Done:
 
 @dataclass(frozen=True)
 class Fail:
-    """The agent gives up: the thread is marked failed at this checkpoint."""
+    """The agent gives up: the thread is marked failed at this checkpoint (`metadata` is recorded
+    beside the reason)."""
 
     reason: str
     label: str = "failed"
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 StepResult = Continue | Done | Fail
@@ -105,6 +107,13 @@ class Agent:
 
     def step(self, ctx: Context) -> StepResult:
         raise NotImplementedError
+
+    def verify_environment(self, references: list[dict[str, str]]) -> list[str]:
+        """Before a fork resumes: what of the environment the checkpoint recorded
+        (`metadata.environment`: `kind`, `locator`, `digest` each) no longer matches, one sentence
+        each; any answer stops the resume. Checks nothing by default; `quicksave_sdk.environment.
+        check_local` checks git checkouts and files on this machine."""
+        return []
 
     def upcast(self, state: dict[str, Any], from_version: int) -> dict[str, Any]:
         """Bring a state written at `from_version` up to this agent's schema_version."""
@@ -152,6 +161,10 @@ class Context:
     # The run's claim, and whether it still holds its lease (a worker's heartbeat says).
     fence: Fence | None = None
     lease_held: Callable[[], bool] = field(default=lambda: True, repr=False)
+    # The environment the state depends on (`kind`, `locator`, `digest` each: a git commit, an
+    # image digest...), recorded on every checkpoint committed from now on; a fork resumed from
+    # one of them checks it first (Agent.verify_environment).
+    environment: list[dict[str, str]] | None = None
     # The call the decision was made on: (action, digest of [action, args]).
     _decided_call: tuple[str, str] | None = field(default=None, repr=False)
     # The checkpoint the step in flight started from, and how many calls it has made: together
@@ -287,7 +300,12 @@ def execute(run: Run, *, max_steps: int = 1000, lease_held: Callable[[], bool] |
                 return finished
     state = agent.upcast(storage.state_at(start, hot=True), start.schema_version)
     ctx = Context(thread=thread, agent=agent, head=start.pk, state=state, step_number=start.step or 0, fence=fence,
-                  lease_held=lease_held or (lambda: True))  # fmt: skip
+                  lease_held=lease_held or (lambda: True),
+                  environment=list(start.metadata.get("environment", [])) or None)  # fmt: skip
+    if run.reason == RunReason.FORK and start.pk == run.checkpoint_id:
+        changed = agent.verify_environment(list(start.metadata.get("environment", [])))
+        if changed:
+            return _refuse(ctx, run, environment_changed(start.pk, changed), metadata={"environment_mismatch": changed})
     # The step a decision resumes began at the checkpoint before the one that waited for it:
     # its calls keep the keys they had when it first ran.
     waited = start.status == CheckpointStatus.WAITING_FOR_APPROVAL
@@ -375,11 +393,19 @@ def _decision_at(checkpoint: Checkpoint) -> ApprovalRequest | None:
     )
 
 
-def _refuse(ctx: Context, run: Run, reason: str) -> str:
+def environment_changed(checkpoint_id: UUID | str, changed: list[str]) -> str:
+    """Why a resume from a fork stopped: the world no longer matches what its checkpoint recorded."""
+    return (
+        f"The environment changed since checkpoint {checkpoint_id} was written: {'; '.join(changed)}. "
+        "Not resuming on a changed world: restore it, or fork from a checkpoint that matches it."
+    )
+
+
+def _refuse(ctx: Context, run: Run, reason: str, *, metadata: dict[str, Any] | None = None) -> str:
     """Fail the thread at its head with `reason` instead of resuming it."""
     log.error("run %s: %s", run.pk, reason)
     try:
-        _commit(ctx, Fail(reason=reason))
+        _commit(ctx, Fail(reason=reason, metadata=metadata or {}))
     except (StaleParent, LeaseLost):
         return "stale"
     return "failed"
@@ -402,7 +428,9 @@ def _commit(ctx: Context, result: StepResult) -> None:
         status = CheckpointStatus.COMPLETED
     elif isinstance(result, Fail):
         status = CheckpointStatus.FAILED
-        metadata = {"error": result.reason[:2000]}
+        metadata = {**result.metadata, "error": result.reason[:2000]}
+    if ctx.environment:
+        metadata["environment"] = ctx.environment
     checkpoint = storage.append_checkpoint(
         thread=ctx.thread, parent=ctx.head, state=ctx.state, step=ctx.step_number, label=result.label,
         status=status, metadata=metadata, schema_version=ctx.agent.schema_version, fence=ctx.fence,

@@ -145,6 +145,8 @@ def checked_fields(
         "metadata": checked_object(metadata or {}, field="metadata"),
         "model_name": "", "model_version": "", "temperature": None, "top_p": None, "seed": None,
     }  # fmt: skip
+    if "environment" in fields["metadata"]:
+        check_environment(fields["metadata"]["environment"])
     if model is not None:
         if not isinstance(model, dict):
             raise bad("model", "must be an object with name, version, temperature, top_p, seed.")
@@ -177,3 +179,35 @@ def _finite_float(value: Any, *, field: str) -> float | None:
     if number is None or not math.isfinite(number):
         raise InvalidState(f"`{field}` must be a finite number.", detail={"field": field})
     return number
+
+
+# Environment references (`metadata.environment`): what the world looked like when a checkpoint
+# was written, so a resume from it can check the world still matches (quicksave_agents.runtime,
+# the SDK's `serve`). Each is {"kind", "locator", "digest"}: a git repository and commit, an
+# image and its digest, an object URL and its version or checksum, a database and a snapshot id.
+ENVIRONMENT_KINDS = ("git", "image", "object", "file", "snapshot")
+MAX_REFERENCES = 50
+MAX_LOCATOR = 2000
+MAX_DIGEST = 200
+
+
+def check_environment(value: Any) -> None:
+    """Refuse `metadata.environment` unless it is a list of at most MAX_REFERENCES references,
+    each naming the field and the limit it breaks."""
+    field = "metadata.environment"
+    if not isinstance(value, list) or len(value) > MAX_REFERENCES:
+        raise InvalidState(f"`{field}` must be a list of at most {MAX_REFERENCES} references "
+                           '({"kind", "locator", "digest"}).', detail={"field": field})  # fmt: skip
+    for index, reference in enumerate(value):
+        at = f"{field}[{index}]"
+        if not isinstance(reference, dict) or set(reference) != {"kind", "locator", "digest"}:
+            raise InvalidState(f"`{at}` must be an object with exactly `kind`, `locator` and `digest`.",
+                               detail={"field": at})  # fmt: skip
+        if reference["kind"] not in ENVIRONMENT_KINDS:
+            raise InvalidState(f"`{at}.kind` must be one of {', '.join(ENVIRONMENT_KINDS)}.",
+                               detail={"field": f"{at}.kind"})  # fmt: skip
+        for key, limit in (("locator", MAX_LOCATOR), ("digest", MAX_DIGEST)):
+            text = reference[key]
+            if not isinstance(text, str) or not text.strip() or len(text) > limit:
+                raise InvalidState(f"`{at}.{key}` must be a non-empty string of at most {limit} characters.",
+                                   detail={"field": f"{at}.{key}", "limit": limit})  # fmt: skip

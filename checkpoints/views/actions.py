@@ -20,7 +20,7 @@ from django.urls import reverse
 
 from approvals.models import ApprovalRequest
 from audit.trail import client_address
-from checkpoints import forks, storage
+from checkpoints import forks, selectors, storage
 from checkpoints.access import check_can_cancel, check_can_delete, check_can_fork, get_checkpoint_for, get_thread_for
 from checkpoints.models import Checkpoint, Thread
 from checkpoints.presentation import diffview
@@ -184,6 +184,8 @@ def _fork_form(
         "thread": thread,
         "thread_label": thread_label(thread),
         "checkpoint": checkpoint,
+        "environment": selectors.environment_of(checkpoint),
+        "environment_stop": selectors.environment_stop(checkpoint),
         **_form_context(checkpoint, form, editor),
     }
     return render(request, "checkpoints/fork.html", context, status=status)

@@ -70,6 +70,8 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "tool_total": tool_total,
         # Only what waits on a person: why the thread failed is the thread page's (and this step's metadata).
         "attention": selectors.attention(thread, failure=False),
+        "environment": selectors.environment_of(checkpoint),
+        "environment_stop": selectors.environment_stop(checkpoint),
         **actions.fork_card(request, checkpoint, state),
     }
     return render(request, "checkpoints/checkpoint_detail.html", context)

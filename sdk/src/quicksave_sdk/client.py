@@ -265,10 +265,15 @@ class Client:
 
     def serve(
         self, handle: Callable[[Run], None], *, wait: float = 30, stop: threading.Event | None = None,
-        max_runs: int | None = None,
+        max_runs: int | None = None, verify_environment: Callable[[list[dict[str, str]]], list[str]] | None = None,
     ) -> int:  # fmt: skip
         """The agent's loop: claim a run, hand it to `handle`, close it; repeat until `stop` is set
         (or `max_runs` runs were handled). Returns how many runs were handled.
+
+        With `verify_environment` (`quicksave_sdk.environment.check_local`, or your own), a run
+        that resumes a fork first has the environment its checkpoint recorded checked: if
+        anything changed, the thread fails there with a message saying what, and `handle` never
+        sees the run.
 
         A heartbeat keeps each run's lease while `handle` works. `handle` returning completes the
         run; raising fails it with the error. `LeaseLost` (another attempt took the run over: this
@@ -283,6 +288,13 @@ class Client:
             handled += 1
             with run.keeping_lease(), _continuing(run):
                 try:
+                    if (
+                        verify_environment is not None
+                        and run.reason == "fork"
+                        and self._environment_changed(run, verify_environment)
+                    ):
+                        self._close(run.complete)
+                        continue
                     handle(run)
                 except LeaseLost as lost:
                     log.warning("run %s: lease lost, stopping it (%s)", run.id, lost.message)
@@ -297,6 +309,23 @@ class Client:
                     continue
             self._close(run.complete)
         return handled
+
+    def _environment_changed(self, run: Run, verify: Callable[[list[dict[str, str]]], list[str]]) -> bool:
+        """Check a fork's recorded environment; on a mismatch fail the thread at the run's
+        checkpoint (as the server's runtime does) and say so."""
+        references = list(self.checkpoint(run.checkpoint_id).metadata.get("environment", []))
+        changed = verify(references) if references else []
+        if not changed:
+            return False
+        thread = run.thread()
+        reason = (
+            f"The environment changed since checkpoint {run.checkpoint_id} was written: {'; '.join(changed)}. "
+            "Not resuming on a changed world: restore it, or fork from a checkpoint that matches it."
+        )
+        log.warning("run %s: %s", run.id, reason)
+        thread.checkpoint(thread.state, status="failed", label="environment changed",
+                          metadata={"error": reason, "environment_mismatch": changed})  # fmt: skip
+        return True
 
     @staticmethod
     def _close(close: Callable[[], None]) -> None:

@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 
 import pytest
 from django.contrib.auth.models import User
-from django.test import Client as PageClient
 from quicksave_sdk import Client
 from quicksave_sdk import environment as sdk_environment
 from rest_framework.test import APIClient
@@ -157,8 +156,8 @@ def test_the_api_answers_a_malformed_environment_with_a_422_naming_the_field_and
     thread = api.post("/api/v1/threads/", {}, format="json").json()
     reference = {"kind": "image", "locator": "registry/app", "digest": "sha256:" + "f" * 300}
 
-    answer = api.post(f"/api/v1/threads/{thread['id']}/checkpoints/",
-                      {"parent": None, "state": {}, "metadata": {"environment": [reference]}}, format="json")  # fmt: skip
+    body = {"parent": None, "state": {}, "metadata": {"environment": [reference]}}
+    answer = api.post(f"/api/v1/threads/{thread['id']}/checkpoints/", body, format="json")
 
     assert answer.status_code == 422, answer.json()
     error = answer.json()["error"]

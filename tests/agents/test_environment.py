@@ -12,7 +12,7 @@ from typing import Any, ClassVar
 
 import pytest
 from django.contrib.auth.models import User
-from quicksave_sdk import Client
+from quicksave_sdk import Client, Run
 from quicksave_sdk import environment as sdk_environment
 from rest_framework.test import APIClient
 
@@ -194,7 +194,7 @@ def test_an_sdk_agent_does_not_resume_a_fork_once_its_checkout_moved(
             metadata={"environment": [sdk_environment.git(repo), sdk_environment.file(config)]},
         )
         source = Checkpoint.objects.get(pk=recorded.id)
-        handled: list[str] = []
+        handled: list[Run] = []
 
         forks.fork(checkpoint=source, user=admin, reason="unchanged", resume=True)
         assert client.serve(handled.append, wait=0, max_runs=1, verify_environment=sdk_environment.check_local) == 1
@@ -208,7 +208,7 @@ def test_an_sdk_agent_does_not_resume_a_fork_once_its_checkout_moved(
     assert len(handled) == 1  # not handed the second run
     row = Thread.objects.get(pk=thread.id)
     assert row.status == ThreadStatus.FAILED
-    stopped = Checkpoint.objects.get(pk=row.head_id)
+    stopped = Checkpoint.objects.get(thread=row, parent__metadata__reason="changed")
     changes = stopped.metadata["environment_mismatch"]
     assert changes[0].startswith(f"git {repo} is at ") and changes[1].startswith(f"file {config} has sha256:")
     assert "Not resuming on a changed world" in stopped.metadata["error"]

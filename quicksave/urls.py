@@ -42,6 +42,7 @@ urlpatterns = [
     path("audit/", include("audit.urls")),
     path("agents/", include("quicksave_agents.dashboard_urls")),
     path("notifications/", include("notifications.dashboard_urls")),
+    path("memory/", include("memory.dashboard_urls")),
     path("", include("checkpoints.dashboard_urls")),
 ]
 

@@ -14,11 +14,12 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import Q, QuerySet, Subquery
 from django.utils import timezone
 
-from checkpoints.models import Event
-from checkpoints.presentation.timeline import TimelinePage, url_maker
+from checkpoints.models import Event, Thread
+from checkpoints.presentation import timeline
+from checkpoints.presentation.timeline import BranchSummary, TimelinePage, url_maker
 
 CHECKPOINT_EVENT = "checkpoint.created"
 # How many events one page of checkpoints shows between them; beyond it the page says so and the
@@ -95,7 +96,7 @@ def event_page(
     cursor = before if before is not None else after
     if cursor is not None:
         # One statement: the cursor's time is a subquery on the (thread, seq) unique index.
-        at = Event.objects.filter(thread_id=thread_id, seq=cursor).values_list("created_at", flat=True)[:1]
+        at = Subquery(Event.objects.filter(thread_id=thread_id, seq=cursor).order_by().values("created_at")[:1])
         if before is not None:
             events = events.filter(Q(created_at__lt=at) | Q(created_at=at, seq__lt=cursor))
         else:
@@ -253,3 +254,50 @@ def merge(
         keyed.append((row["at"], 1, -index, row))
     keyed.sort(key=lambda item: item[:3], reverse=True)
     return [row for *_, row in keyed]
+
+
+@dataclass(frozen=True, slots=True)
+class StoryPage:
+    """What the thread page's timeline shows: its rows (checkpoints and events, newest first), the
+    page of checkpoints they come from (empty when one kind of events is listed), the page of
+    events (only then) and whether more events happened among these checkpoints than are shown."""
+
+    rows: list[dict[str, Any]]
+    checkpoints: TimelinePage
+    events: EventPage | None
+    more_events: bool
+
+
+def story_page(
+    *,
+    thread: Thread,
+    branch: BranchSummary,
+    kind: str,
+    can_fork: bool,
+    before_seq: int | None = None,
+    after_seq: int | None = None,
+    before_event: int | None = None,
+    after_event: int | None = None,
+) -> StoryPage:
+    """One page of the thread's timeline: with `kind` "" a page of the branch's checkpoints and the
+    events between them, with "checkpoints" the checkpoints alone, with an event kind a page of the
+    thread's events of that kind. Three queries: the checkpoints, the events, their approvals."""
+    events_page: EventPage | None = None
+    more = False
+    events: list[StoryEvent] = []
+    if kind in EVENT_KINDS:
+        page = TimelinePage(rows=[], older_before_seq=None, newer_after_seq=None, is_newest=True)
+        events_page = event_page(thread_id=thread.pk, kind=kind, before=before_event, after=after_event)
+        events = events_page.rows
+    else:
+        page = timeline.timeline_page(thread=thread, branch=branch, before_seq=before_seq, after_seq=after_seq)
+        if kind == "" and page.rows:
+            # From the page's oldest checkpoint (from the thread's start on main's first checkpoint)
+            # up to the branch's next newer checkpoint, open-ended on the newest page.
+            from_start = page.rows[-1].seq == 1 and branch.parent_id is None
+            events, more = events_between(thread_id=thread.pk, since=None if from_start else page.rows[-1].created_at,
+                                          until=page.newer_created_at)  # fmt: skip
+    marks, comments = timeline.approval_facts(page, approval_ids=approval_ids(events))
+    checkpoint_rows = timeline.timeline_rows(page, head_id=thread.head_id, approvals=marks, can_fork=can_fork)
+    rows = merge(checkpoint_rows, page, event_rows(events, comments=comments))
+    return StoryPage(rows=rows, checkpoints=page, events=events_page, more_events=more)

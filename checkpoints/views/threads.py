@@ -150,28 +150,10 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
     if selected is None:
         raise Http404(f"Thread {thread.external_id or thread.pk} has no branch named '{data['branch']}'.")
     can_fork = request.user.has_perm("checkpoints.fork_thread")
-    events_only = kind in story.EVENT_KINDS
-    if events_only:
-        page = timeline.TimelinePage(rows=[], older_before_seq=None, newer_after_seq=None, is_newest=True)
-        event_page = story.event_page(thread_id=thread.pk, kind=kind, before=data["before_event"],
-                                      after=data["after_event"])  # fmt: skip
-        events, more_events = event_page.rows, False
-    else:
-        page = timeline.timeline_page(thread=thread, branch=selected,
-                                      before_seq=data["before_seq"], after_seq=data["after_seq"])  # fmt: skip
-        event_page = None
-        events, more_events = [], False
-        if kind == "" and page.rows:
-            # Events since the page's oldest checkpoint (since the thread began, on main's first page)
-            # up to the branch's next newer checkpoint.
-            from_start = page.rows[-1].seq == 1 and selected.parent_id is None
-            events, more_events = story.events_between(
-                thread_id=thread.pk, since=None if from_start else page.rows[-1].created_at,
-                until=page.newer_created_at,
-            )  # fmt: skip
-    marks, comments = timeline.approval_facts(page, approval_ids=story.approval_ids(events))
-    checkpoint_rows = timeline.timeline_rows(page, head_id=thread.head_id, approvals=marks, can_fork=can_fork)
-    rows = story.merge(checkpoint_rows, page, story.event_rows(events, comments=comments))
+    shown = story.story_page(thread=thread, branch=selected, kind=kind, can_fork=can_fork,
+                             before_seq=data["before_seq"], after_seq=data["after_seq"],
+                             before_event=data["before_event"], after_event=data["after_event"])  # fmt: skip
+    page = shown.checkpoints
     head_seq = next((branch.head_seq for branch in branches if branch.head_id == thread.head_id), None)
     head_label = next((entry.label for entry in page.rows if entry.id == thread.head_id), "")
     metadata, more_metadata = timeline.compact_metadata(thread.metadata)
@@ -181,14 +163,13 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "branches": branches,
         "selected": selected,
         "page": page,
-        "rows": rows,
+        "rows": shown.rows,
         "kind": kind,
         "kinds": [(value, label, _with(request, kind=value, before_event="", after_event="", before_seq="",
                                        after_seq="")) for value, label in story.KINDS],  # fmt: skip
-        "events_only": events_only,
+        "events_only": shown.events is not None,
         "event_cursor": data["before_event"] is not None or data["after_event"] is not None,
-        "event_page": event_page,
-        "more_events": more_events,
+        "more_events": shown.more_events,
         "can_fork": can_fork,
         "head": {"seq": head_seq, "label": head_label} if head_seq is not None else None,
         "has_checkpoints": any(not branch.is_empty for branch in branches),
@@ -200,7 +181,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "drawings_query": _with(request, drawings="1"),
         "show_drawings": data["drawings"],
         **_page_links(thread, selected, page, kind=kind),
-        **_event_links(request, event_page),
+        **_event_links(request, shown.events),
     }
     if data["drawings"]:
         # Drawn only when asked for (the folded section's link, or thread.js when it is opened).

@@ -19,10 +19,11 @@ from checkpoints.presentation import timeline
 from quicksave_agents.models import Agent
 from tests.conftest import person
 
-# Measured at 13 (session, user, two permission reads, thread, role for the header, branches,
-# heads, timeline page, the approvals asked on it, tree landmarks, chart samples, a pending
-# approval); one spare for a harmless extra read.
-THREAD_PAGE_QUERIES = 14
+# Measured at 14 (session, user, two permission reads, thread, branches, heads, timeline page, the
+# events between its checkpoints, the approvals asked on it or named by its events, a pending
+# approval, runs no worker claimed, role and inbox count for the header); one spare for a harmless
+# extra read. The branch tree and chart are drawn only when asked for (two more: landmarks, samples).
+THREAD_PAGE_QUERIES = 15
 
 
 def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch: str | None = None,
@@ -317,13 +318,19 @@ def test_human_bytes_reads_like_filesizeformat(size: int) -> None:
 def test_query_count_does_not_grow_with_the_thread(
     length: int, page_client: Client, thread: Thread, agent: Agent, django_assert_max_num_queries: Any
 ) -> None:
-    main = grow(thread, length)
+    main = grow(thread, length // 2)
+    for i in range(length // 2):  # as many events of the thread's story as checkpoints, interleaved
+        storage.record_event(thread=thread, type="run.claimed", data={"worker": f"w{i}", "attempt": 1})
+        main += grow(thread, 1, parent=main[-1])
     storage.start_branch(thread=thread, at=main[length // 2], name="retry")
     grow(thread, 5, parent=main[length // 2], branch="retry")
-    for query in ("", "before_seq=5", "branch=retry"):
+    for query in ("", "before_seq=5", "branch=retry", "kind=runs", "kind=runs&before_event=20"):
         with django_assert_max_num_queries(THREAD_PAGE_QUERIES):
             response = page_client.get(url(thread, query))
         assert response.status_code == 200
+    # Drawing the branch tree and the chart reads their landmarks and samples: two more.
+    with django_assert_max_num_queries(THREAD_PAGE_QUERIES + 2):
+        assert page_client.get(url(thread, "drawings=1")).status_code == 200
 
 
 def test_a_thread_waiting_for_a_decision_leads_to_the_request_from_its_pages(

@@ -1,7 +1,7 @@
 """Dashboard benchmark: server time to render the thread page of a 10,000-checkpoint thread
 against a 10-checkpoint one (and of a 10,000-checkpoint thread with 5,000 events of its story
-interleaved: approvals asked and decided, runs queued, claimed and completed), and the diff page between two checkpoints 500 steps apart on a
-thread whose state is about 500 KB.
+interleaved: approvals asked and decided, runs queued, claimed and completed), and the diff page
+between two checkpoints 500 steps apart on a thread whose state is about 500 KB.
 
 Usage (from /work/main)::
 

@@ -322,7 +322,9 @@ class Event(models.Model):
             # The thread page's story (checkpoints.presentation.story): the events between checkpoints
             # without walking every checkpoint's event. Built concurrently (migration 0013).
             models.Index(
-                fields=["thread", "created_at", "seq"], name="event_story", condition=~models.Q(type="checkpoint.created")
+                fields=["thread", "created_at", "seq"],
+                name="event_story",
+                condition=~models.Q(type="checkpoint.created"),
             ),
         ]
 

@@ -209,13 +209,11 @@ def event_rows(events: list[StoryEvent], *, comments: dict[str, str] | None = No
     for event in events:
         if event.type.startswith("approval."):
             told = _approval(event, comments)
-            group = "approvals"
+            group, noun = "approvals", "In-doubt" if event.data.get("kind") == "in_doubt" else "Approval"
         elif event.type.startswith("run."):
-            told = _run(event)
-            group = "runs"
+            told, group, noun = _run(event), "runs", "Run"
         else:
-            told = _change(event)
-            group = "changes"
+            told, group, noun = _change(event), "changes", "Thread"
         link = ""
         if isinstance(event.data.get("approval"), str):
             link = _safe_url(approval_url, event.data["approval"])
@@ -223,7 +221,7 @@ def event_rows(events: list[StoryEvent], *, comments: dict[str, str] | None = No
             link = _safe_url(checkpoint_url, event.data["checkpoint"])
         created = event.created_at.astimezone(zone)
         rows.append({
-            "event": event.seq, "type": event.type, "group": group, "title": told["title"],
+            "event": event.seq, "type": event.type, "group": group, "noun": noun, "title": told["title"],
             "tone": told.get("tone", "running"), "who": told.get("who", ""), "why": told.get("why", ""),
             "detail": told.get("detail", ""), "url": link, "at": created,
             "created_iso": created.isoformat(), "created_exact": created.strftime("%Y-%m-%d %H:%M:%S.%f %Z"),

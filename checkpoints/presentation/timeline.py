@@ -225,9 +225,7 @@ def approval_marks(page: TimelinePage) -> dict[UUID, dict[str, str]]:
     return approval_facts(page, approval_ids=[])[0]
 
 
-def approval_facts(
-    page: TimelinePage, *, approval_ids: list[str]
-) -> tuple[dict[UUID, dict[str, str]], dict[str, str]]:
+def approval_facts(page: TimelinePage, *, approval_ids: list[str]) -> tuple[dict[UUID, dict[str, str]], dict[str, str]]:
     """`approval_marks` of the page's checkpoints, and {approval id: the decision's comment} of the
     approvals the page's events name (`approval_ids`), in one query."""
     from approvals.models import ApprovalRequest, ApprovalStatus

@@ -132,6 +132,10 @@ class ThreadPageForm(forms.Form):
         return data
 
 
+# Another kind of rows starts from its newest page.
+_NO_CURSOR = {"before_seq": "", "after_seq": "", "before_event": "", "after_event": ""}
+
+
 @viewer_required
 def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
     form = ThreadPageForm(request.GET)
@@ -165,8 +169,7 @@ def thread_detail(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "page": page,
         "rows": shown.rows,
         "kind": kind,
-        "kinds": [(value, label, _with(request, kind=value, before_event="", after_event="", before_seq="",
-                                       after_seq="")) for value, label in story.KINDS],  # fmt: skip
+        "kinds": [(value, label, _with(request, kind=value, **_NO_CURSOR)) for value, label in story.KINDS],
         "events_only": shown.events is not None,
         "event_cursor": data["before_event"] is not None or data["after_event"] is not None,
         "more_events": shown.more_events,

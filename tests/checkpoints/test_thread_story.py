@@ -229,7 +229,7 @@ def test_every_row_rewinds_from_its_own_checkpoint_for_an_admin(admin_client: Cl
         assert f'<a class="rewind-link" href="/checkpoints/{checkpoint.pk}/fork/"' in row
     # The link leads to the fork form of that checkpoint.
     form = admin_client.get(f"/checkpoints/{written[1].pk}/fork/")
-    assert form.status_code == 200 and "Rewind &amp; branch from <span class=\"seq\">#2</span>" in form.content.decode()
+    assert form.status_code == 200 and 'Rewind &amp; branch from <span class="seq">#2</span>' in form.content.decode()
 
 
 @pytest.mark.parametrize("role", ["viewer", "reviewer"])
@@ -253,7 +253,7 @@ def test_the_failure_banner_rewinds_from_the_failed_checkpoint(admin_client: Cli
 
 
 def test_the_waiting_banner_rewinds_from_the_checkpoint_that_asked(admin_client: Client, thread: Thread) -> None:
-    first, second, third = grow(thread, 3)
+    _, second, _ = grow(thread, 3)
     request_approval(thread=thread, checkpoint=second, action="book_flight", args={})
     html = admin_client.get(url(thread)).content.decode()
     banner = re.search(r'<section class="card attention".*?</section>', html, re.S).group(0)  # type: ignore[union-attr]
@@ -264,7 +264,7 @@ def test_the_waiting_banner_rewinds_from_the_checkpoint_that_asked(admin_client:
 
 
 def test_pills_describe_the_checkpoint_not_the_thread(viewer_page: Client, thread: Thread) -> None:
-    first, second = grow(thread, 2)
+    _, second = grow(thread, 2)
     asked = storage.append_checkpoint(thread=thread, parent=second, state={"n": 1}, status="waiting_for_approval")
     storage.append_checkpoint(thread=thread, parent=asked, state={"n": 2}, status="completed", label="booked")
     html = viewer_page.get(url(thread)).content.decode()
@@ -279,7 +279,7 @@ def test_pills_describe_the_checkpoint_not_the_thread(viewer_page: Client, threa
 def test_steps_are_numbered_one_way(viewer_page: Client, thread: Thread) -> None:
     grow(thread, 21)  # the agent's step 20 is #21
     html = viewer_page.get(url(thread)).content.decode()
-    assert "<th class=\"num\">Step</th>" not in html
+    assert '<th class="num">Step</th>' not in html
     assert re.search(r">#21 step 19<", html)  # the head fact names the checkpoint by its number
     assert "step 20" not in html and "Step 20" not in html
 

@@ -121,6 +121,8 @@ def test_an_approval_asked_through_the_api_appears_in_the_open_timeline(tab: Pag
     row.wait_for(timeout=15_000)  # no reload
     assert "Approval asked: book_ryokan" in row.inner_text()
     # Newest first: the event sits above the checkpoint it was asked at.
-    kinds = tab.page.eval_on_selector_all("#timeline tbody tr", "rows => rows.map(r => r.dataset.type || r.dataset.seq)")
+    kinds = tab.page.eval_on_selector_all(
+        "#timeline tbody tr", "rows => rows.map(r => r.dataset.type || r.dataset.seq)"
+    )
     assert kinds.index("approval.requested") < kinds.index("6")
     tab.shot("live event")

@@ -208,7 +208,7 @@ def test_a_bad_filter_is_a_400_naming_it(viewer_page: Client, thread: Thread, qu
 def test_the_story_index_is_partial_and_the_query_uses_it(viewer_page: Client, thread: Thread) -> None:
     with connection.cursor() as cursor:
         cursor.execute("SELECT indexdef FROM pg_indexes WHERE indexname = 'event_story'")
-        (definition,) = cursor.fetchone()  # type: ignore[misc]
+        (definition,) = cursor.fetchone()
         assert "(thread_id, created_at, seq)" in definition
         assert "WHERE (NOT ((type)::text = 'checkpoint.created'::text))" in definition
         sql, params = story._story(thread.pk).filter(created_at__gte=timezone.now()).query.sql_with_params()

@@ -36,6 +36,7 @@ from quicksave.errors import DomainError
 from quicksave.forms import PageLinkField, invalid_filters, page_queries
 from quicksave.jsontext import loads_strict
 from quicksave_agents.models import Run
+from quicksave_agents.runs import unclaimed_runs
 
 INBOX_SIZE = 50  # a screenful or two; the pager follows on without skipping
 
@@ -128,6 +129,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "mine": mine,
         "newest": form.cleaned_data["sort"] == "newest",
         "blocked": selectors.blocked_agents(_approvals(request.user)) if status == ApprovalStatus.PENDING else [],
+        "unclaimed": unclaimed_runs(threads=visible_threads(request.user)),
         # Where a decision taken from a row comes back to: this very list.
         "here": request.get_full_path(),
         "triage": status == ApprovalStatus.PENDING and request.user.has_perm("checkpoints.decide_approval"),

@@ -1,6 +1,7 @@
 """Dashboard benchmark: server time to render the thread page of a 10,000-checkpoint thread
-against a 10-checkpoint one, and the diff page between two checkpoints 500 steps apart on a
-thread whose state is about 500 KB.
+against a 10-checkpoint one (and of a 10,000-checkpoint thread with 5,000 events of its story
+interleaved: approvals asked and decided, runs queued, claimed and completed), and the diff page
+between two checkpoints 500 steps apart on a thread whose state is about 500 KB.
 
 Usage (from /work/main)::
 
@@ -66,9 +67,30 @@ def _drop_thread(thread_id: Any) -> None:
         Thread.objects.filter(pk=thread_id).delete()
 
 
-def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: int | None, fork_steps: int) -> Any:
+# The story events a thread with events gets, in turn, one after every `steps // events` checkpoints.
+STORY_EVENTS: list[tuple[str, dict[str, Any]]] = [
+    ("approval.requested", {"action": "migrate_table", "kind": "approval", "status": "pending", "agent": AGENT}),
+    ("approval.decided", {"action": "migrate_table", "kind": "approval", "status": "approved", "decided_by": "ada"}),
+    ("run.queued", {"reason": "approval"}),
+    ("run.claimed", {"worker": "bench-worker", "attempt": 1, "recovered": False}),
+    ("run.completed", {"error": ""}),
+]
+
+
+def _story_events(thread: Any) -> int:
+    from checkpoints.models import Event
+
+    return Event.objects.filter(thread=thread).exclude(type="checkpoint.created").count()
+
+
+def build_thread(
+    external_id: str, steps: int, *, message_bytes: int, fork_at: int | None, fork_steps: int, events: int = 0
+) -> Any:
     """A thread whose main branch has `steps` checkpoints, each appending one message of about
-    `message_bytes` to the state, and optionally a fork of `fork_steps` from main's #`fork_at`."""
+    `message_bytes` to the state, and optionally a fork of `fork_steps` from main's #`fork_at`;
+    with `events`, that many story events (approvals, runs) interleaved with the checkpoints."""
+    import uuid
+
     from checkpoints import storage
     from checkpoints.models import Checkpoint, Thread
     from quicksave_agents.keys import get_or_create_agent
@@ -76,9 +98,12 @@ def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: i
     agent = get_or_create_agent(name=AGENT)
     existing = Thread.objects.filter(agent=agent, external_id=external_id).first()
     if existing is not None:
-        if _thread_head_seq(existing) == steps:
+        # thread.created and the fork's branch.created are story events too.
+        if _thread_head_seq(existing) == steps and (not events or _story_events(existing) >= events):
             return existing
         _drop_thread(existing.pk)
+    every = max(1, steps // events) if events else 0
+    written = 0
     thread, _ = storage.create_thread(agent=agent, external_id=external_id, metadata={"bench": "dashboard"})
     started = time.perf_counter()
     labels = ("plan", "search", "call_tool", "summarise")
@@ -95,6 +120,11 @@ def build_thread(external_id: str, steps: int, *, message_bytes: int, fork_at: i
         )  # fmt: skip
         if parent.seq == fork_at:
             fork_point = parent
+        if every and i % every == 0 and written < events:
+            kind, data = STORY_EVENTS[written % len(STORY_EVENTS)]
+            storage.record_event(thread=thread, type=kind, data={**data, "approval": str(uuid.uuid4())}
+                                 if kind.startswith("approval.") else {**data, "run": str(uuid.uuid4())})  # fmt: skip
+            written += 1
         if steps >= 2000 and i % 2000 == 0:
             print(f"  {external_id}: {i:,} of {steps:,} checkpoints", flush=True)
     if fork_point is not None and fork_steps:
@@ -150,13 +180,18 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
     print("Building threads in the bench database (reused when an earlier run left them complete)…", flush=True)
     short_thread = build_thread("thread-10", 10, message_bytes=60, fork_at=5, fork_steps=3)
     long_thread = build_thread(f"thread-{long}", long, message_bytes=60, fork_at=long // 2, fork_steps=3)
+    events = long // 2
+    story_thread = build_thread(f"thread-{long}-events", long, message_bytes=60, fork_at=long // 2, fork_steps=3,
+                                events=events)  # fmt: skip
     diff_thread = build_thread("diff-500kb", DIFF_STEPS, message_bytes=DIFF_MESSAGE_BYTES, fork_at=None, fork_steps=0)
     client = viewer_client()
 
     # The deep page checks that an older page of the long branch costs what the newest costs (keyset, no OFFSET).
     long_url = f"/threads/{long_thread.pk}/"
-    urls = [f"/threads/{short_thread.pk}/", long_url, f"{long_url}?before_seq={long // 3}"]
-    short_ms, long_ms, deep_ms = median_get_ms(client, urls, repeats)
+    story_url = f"/threads/{story_thread.pk}/"
+    urls = [f"/threads/{short_thread.pk}/", long_url, f"{long_url}?before_seq={long // 3}", story_url,
+            f"{story_url}?before_seq={long // 3}"]  # fmt: skip
+    short_ms, long_ms, deep_ms, story_ms, story_deep_ms = median_get_ms(client, urls, repeats)
 
     main = diff_thread.active_branch_id
     base, target = (
@@ -171,11 +206,15 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
     (diff_warm,) = median_get_ms(client, [diff_url], repeats)
 
     ratio = long_ms / short_ms
+    story_ratio = story_ms / short_ms
     rows = [
         ("thread page", "10 checkpoints", short_ms, ""),
         ("thread page", f"{long:,} checkpoints", long_ms, f"≤ {THREAD_PAGE_TARGET_MS:g} ms"),
         ("thread page, older page", f"{long:,}, before_seq={long // 3:,}", deep_ms, ""),
         ("ratio", f"{long:,} / 10", None, f"{ratio:.2f} (≤ {THREAD_PAGE_RATIO_TARGET:g})"),
+        ("thread page with events", f"{long:,} + {events:,} events", story_ms, f"≤ {THREAD_PAGE_TARGET_MS:g} ms"),
+        ("  older page", f"before_seq={long // 3:,}", story_deep_ms, ""),
+        ("ratio", "with events / 10", None, f"{story_ratio:.2f} (≤ {THREAD_PAGE_RATIO_TARGET:g})"),
         ("diff page, cold cache", f"#{DIFF_STEPS // 2} → #{DIFF_STEPS}, {state_kb:,.0f} KB", diff_cold,
          f"≤ {DIFF_PAGE_TARGET_MS:g} ms"),
         ("diff page, warm cache", "same pair", diff_warm, ""),
@@ -193,6 +232,10 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
         "thread_page_ms_deep": round(deep_ms, 2),
         f"thread_page_ratio_{long // 1000}k_over_10" if long % 1000 == 0 else f"thread_page_ratio_{long}_over_10":
             round(ratio, 3),
+        f"thread_page_events_ms_{long // 1000}k" if long % 1000 == 0 else f"thread_page_events_ms_{long}":
+            round(story_ms, 2),
+        "thread_page_events_ms_deep": round(story_deep_ms, 2),
+        "thread_page_events_ratio_over_10": round(story_ratio, 3),
         "diff_page_ms": round(diff_cold, 2),
         "diff_page_ms_warm": round(diff_warm, 2),
         "diff_state_kb": round(state_kb, 1),

@@ -38,7 +38,8 @@ def attention(thread: Thread, *, failure: bool = True) -> Attention:
     recorded none)."""
     from approvals.models import ApprovalStatus
 
-    approval = thread.approvals.filter(status=ApprovalStatus.PENDING).only("id", "action", "message", "created_at")
+    waiting = thread.approvals.filter(status=ApprovalStatus.PENDING)
+    approval = waiting.only("id", "action", "message", "created_at", "checkpoint")
     if (pending := approval.first()) is not None:
         return Attention(approval=pending)
     if not failure or thread.status != ThreadStatus.FAILED or thread.head_id is None:

@@ -314,6 +314,8 @@ QUICKSAVE_AGENT_MODULES = envlist(
 )
 QUICKSAVE_EMBEDDED_WORKER = envbool("QUICKSAVE_EMBEDDED_WORKER", EMBEDDED_DATABASE)
 QUICKSAVE_RUN_LEASE_SECONDS = envint("QUICKSAVE_RUN_LEASE_SECONDS", 30, minimum=1)
+# A queued run no worker has claimed for this long is shown as a warning naming its agent.
+QUICKSAVE_UNCLAIMED_RUN_SECONDS = envint("QUICKSAVE_UNCLAIMED_RUN_SECONDS", 30, minimum=1)
 QUICKSAVE_APPROVAL_EXPIRY_OUTCOME = envstr("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME", "reject")
 if QUICKSAVE_APPROVAL_EXPIRY_OUTCOME not in {"reject", "approve"}:
     raise ConfigError("QUICKSAVE_APPROVAL_EXPIRY_OUTCOME must be reject or approve")

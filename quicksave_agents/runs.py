@@ -10,11 +10,15 @@ idle workers wake at once instead of polling.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import CharField, Count, Max, Min, QuerySet
+from django.db.models.functions import Cast
 from django.utils import timezone
 
 from checkpoints.models import Checkpoint, Thread
@@ -164,6 +168,42 @@ def release_run(*, run: Run, worker: str, fence: Fence | None = None) -> Run:
     return locked
 
 
+@dataclass(frozen=True)
+class Unclaimed:
+    """An agent whose queued runs no worker has claimed for longer than the threshold."""
+
+    agent: str
+    runs: int
+    threads: int
+    since: datetime  # when the oldest of them was queued
+    thread_id: UUID | None  # the thread, when only one thread waits (the warning links to it)
+
+
+def unclaimed_runs(*, threads: QuerySet[Thread] | None = None, thread: Thread | None = None,
+                   now: datetime | None = None) -> list[Unclaimed]:  # fmt: skip
+    """Per agent, the runs still queued `QUICKSAVE_UNCLAIMED_RUN_SECONDS` after they were queued
+    (no worker serves the agent, or every one is busy or down), longest wait first: one query on the
+    open-runs index. Scoped to `thread`, or to the runs of `threads` (what the reader may see)."""
+    cutoff = (now or timezone.now()) - timedelta(seconds=settings.QUICKSAVE_UNCLAIMED_RUN_SECONDS)
+    queued = Run.objects.filter(status=RunStatus.QUEUED, created_at__lte=cutoff)
+    if thread is not None:
+        queued = queued.filter(thread_id=thread.pk)
+    if threads is not None:
+        queued = queued.filter(thread__in=threads)
+    rows = (
+        queued.order_by()
+        .values("agent__name")
+        .annotate(runs=Count("id"), threads=Count("thread_id", distinct=True), since=Min("created_at"),
+                  some_thread=Max(Cast("thread_id", CharField())))
+        .order_by("since", "agent__name")
+    )  # fmt: skip
+    return [
+        Unclaimed(agent=row["agent__name"], runs=row["runs"], threads=row["threads"], since=row["since"],
+                  thread_id=UUID(row["some_thread"]) if row["threads"] == 1 else None)
+        for row in rows
+    ]  # fmt: skip
+
+
 def run_notifications() -> Listener:
     """A LISTEN for queued runs (see quicksave.listen): open it before looking for work."""
     return Listener(CHANNEL)
@@ -171,5 +211,5 @@ def run_notifications() -> Listener:
 
 __all__ = [
     "LeaseLost", "RunFinished", "RunReason", "claim_run", "enqueue_run", "fence_of", "finish_run",
-    "heartbeat", "release_run", "run_notifications",
+    "heartbeat", "release_run", "run_notifications", "unclaimed_runs",
 ]  # fmt: skip

@@ -19,6 +19,7 @@ from checkpoints.models import Thread
 from checkpoints.views import permission_required
 from quicksave_agents.keys import LABEL_MAX_CHARS, agent_name_problem, issue_key, label_problem, revoke_agent_key
 from quicksave_agents.models import Agent, AgentKey
+from quicksave_agents.runs import unclaimed_runs
 
 key_manager_required = permission_required(
     "agents.add_agentkey", "Managing agents and their keys needs the admin role."
@@ -71,7 +72,8 @@ def agent_list(request: HttpRequest) -> HttpResponse:
 
 
 def _list(request: HttpRequest, form: NewKeyForm, *, status: int = 200) -> HttpResponse:
-    context = {"nav": "agents", "agents": _agents(), "form": form, "label_max": LABEL_MAX_CHARS}
+    context = {"nav": "agents", "agents": _agents(), "form": form, "label_max": LABEL_MAX_CHARS,
+               "unclaimed": unclaimed_runs()}  # fmt: skip
     return render(request, "agents/agent_list.html", context, status=status)
 
 

@@ -137,10 +137,11 @@ def hostile_thread(agent: Any) -> dict[str, str]:
 
 @pytest.mark.parametrize(
     "page",
-    ["/threads/{thread}/", f"/threads/{{thread}}/?branch={quote(HOSTILE)}", "/checkpoints/{second}/",
+    ["/threads/{thread}/", f"/threads/{{thread}}/?branch={quote(HOSTILE)}&drawings=1",
+     "/threads/{thread}/?kind=changes", "/checkpoints/{second}/",
      "/checkpoints/{second}/diff/", "/checkpoints/{second}/diff/?view=split", "/checkpoints/{second}/fork/"],
-    ids=["timeline, tree and chart", "the hostile branch selected", "state tree", "unified diff", "split diff",
-         "fork form"],
+    ids=["timeline and its events", "the hostile branch selected, tree and chart", "events only", "state tree",
+         "unified diff", "split diff", "fork form"],
 )  # fmt: skip
 def test_agent_written_markup_renders_as_text(hostile_thread: dict[str, str], admin: Client, page: str) -> None:
     response = admin.get(page.format(**hostile_thread))

@@ -148,6 +148,9 @@ class TimelinePage:
     older_before_seq: int | None
     newer_after_seq: int | None
     is_newest: bool
+    # When the branch's next newer checkpoint after this page was written (None on the newest
+    # page): where the span of time the page covers ends, for the events shown among its rows.
+    newer_created_at: datetime | None = None
 
     @property
     def seqs(self) -> tuple[int, int] | None:
@@ -165,20 +168,29 @@ def timeline_page(
     """The newest `size` checkpoints of a branch, or those just before `before_seq` or just after
     `after_seq`: a keyset range on (thread, branch, seq), so page 200 costs what page 1 costs."""
     checkpoints = Checkpoint.objects.filter(thread_id=thread.pk, branch_id=branch.id)
+    # The same range scan also reads the page's newer neighbour (one row more), whose time ends
+    # the span of the page's events.
+    neighbour: Entry | None = None
     if after_seq is not None:
         checkpoints = checkpoints.filter(seq__gt=after_seq).order_by("seq")
+        rows = [Entry(*values) for values in checkpoints.values_list(*ENTRY_FIELDS)[: size + 1]]
+        if len(rows) > size:
+            neighbour = rows.pop()
+        rows.reverse()
     else:
         if before_seq is not None:
-            checkpoints = checkpoints.filter(seq__lt=before_seq)
+            checkpoints = checkpoints.filter(seq__lte=before_seq)
         checkpoints = checkpoints.order_by("-seq")
-    rows = [Entry(*values) for values in checkpoints.values_list(*ENTRY_FIELDS)[:size]]
-    if after_seq is not None:
-        rows.reverse()
+        rows = [Entry(*values) for values in checkpoints.values_list(*ENTRY_FIELDS)[: size + 1]]
+        if rows and before_seq is not None and rows[0].seq == before_seq:
+            neighbour = rows.pop(0)
+        rows = rows[:size]
     # The head's seq is known and seqs start at 1 without gaps, so neither neighbour needs a query.
     newer = rows[0].seq if rows and rows[0].seq < branch.head_seq else None
     older = rows[-1].seq if rows and rows[-1].seq > 1 else None
     is_newest = bool(rows) and rows[0].seq >= branch.head_seq
-    return TimelinePage(rows=rows, older_before_seq=older, newer_after_seq=newer, is_newest=is_newest)
+    return TimelinePage(rows=rows, older_before_seq=older, newer_after_seq=newer, is_newest=is_newest,
+                        newer_created_at=neighbour.created_at if neighbour and not is_newest else None)  # fmt: skip
 
 
 def url_maker(name: str) -> Callable[[Any], str]:
@@ -210,17 +222,35 @@ def _short(text: str, width: int) -> str:
 def approval_marks(page: TimelinePage) -> dict[UUID, dict[str, str]]:
     """{checkpoint id: the approval asked at it, as its timeline row tells it} for one page: who or
     what decided it (a person, an auto-approve rule, the deadline), in one query."""
+    return approval_facts(page, approval_ids=[])[0]
+
+
+def approval_facts(page: TimelinePage, *, approval_ids: list[str]) -> tuple[dict[UUID, dict[str, str]], dict[str, str]]:
+    """`approval_marks` of the page's checkpoints, and {approval id: the decision's comment} of the
+    approvals the page's events name (`approval_ids`), in one query."""
     from approvals.models import ApprovalRequest, ApprovalStatus
 
     ids = [entry.id for entry in page.rows]
-    if not ids:
-        return {}
-    rows = ApprovalRequest.objects.filter(checkpoint_id__in=ids).order_by("created_at")
+    wanted: list[UUID] = []
+    for raw in approval_ids:
+        try:
+            wanted.append(UUID(raw))
+        except ValueError:
+            continue
+    if not ids and not wanted:
+        return {}, {}
+    rows = ApprovalRequest.objects.filter(Q(checkpoint_id__in=ids) | Q(pk__in=wanted)).order_by("created_at")
     approval_url = url_maker("inbox:approval")
     marks = {}
-    for approval_id, checkpoint_id, status, person, rule in rows.values_list(
-        "id", "checkpoint_id", "status", "decided_by__username", "rule__name"
+    comments: dict[str, str] = {}
+    page_ids = set(ids)
+    for approval_id, checkpoint_id, status, person, rule, comment in rows.values_list(
+        "id", "checkpoint_id", "status", "decided_by__username", "rule__name", "comment"
     ):
+        if comment:
+            comments[str(approval_id)] = _short(comment, 500)
+        if checkpoint_id not in page_ids:
+            continue
         if status == ApprovalStatus.PENDING:
             text = "waiting for a decision"
         elif rule:
@@ -231,11 +261,32 @@ def approval_marks(page: TimelinePage) -> dict[UUID, dict[str, str]]:
             text = str(status)
         marks[checkpoint_id] = {"url": approval_url(approval_id), "text": text, "status": status,
                                 "by_rule": "yes" if rule else ""}  # fmt: skip
-    return marks
+    return marks, comments
+
+
+# A checkpoint's pill says what happened at that checkpoint, not what the thread is doing now: the
+# agent writes `running` on every ordinary step, which is a step saved, not a step still running.
+CHECKPOINT_PILLS: dict[str, tuple[str, str]] = {
+    CheckpointStatus.RUNNING: ("saved", "Saved"),
+    CheckpointStatus.WAITING_FOR_APPROVAL: ("waiting_for_approval", "Asked for approval"),
+    CheckpointStatus.PAUSED: ("paused", "Paused here"),
+    CheckpointStatus.COMPLETED: ("completed", "Finished here"),
+    CheckpointStatus.FAILED: ("failed", "Failed here"),
+    CheckpointStatus.CANCELLED: ("cancelled", "Cancelled here"),
+}
+
+
+def checkpoint_pill(status: str) -> tuple[str, str]:
+    """(CSS status class, words) of a checkpoint's pill."""
+    return CHECKPOINT_PILLS.get(status, (status, status))
 
 
 def timeline_rows(
-    page: TimelinePage, *, head_id: UUID | None, approvals: dict[UUID, dict[str, str]] | None = None
+    page: TimelinePage,
+    *,
+    head_id: UUID | None,
+    approvals: dict[UUID, dict[str, str]] | None = None,
+    can_fork: bool = False,
 ) -> list[dict[str, Any]]:
     """What each row of the timeline table shows (templates/checkpoints/_timeline_rows.html draws
     it), as plain text, with the approval asked at a row's checkpoint (`approvals`, from
@@ -244,20 +295,23 @@ def timeline_rows(
     the table's cost; the page must cost the same for 10,000 checkpoints as for 10."""
     approvals = approvals or {}
     checkpoint_url, diff_url = url_maker("dashboard:checkpoint"), url_maker("dashboard:diff")
-    labels = dict(CheckpointStatus.choices)
+    fork_url = url_maker("dashboard:fork")
     zone = timezone.get_current_timezone()
     rows = []
     for entry in page.rows:
         created = entry.created_at.astimezone(zone)
+        pill, pill_label = checkpoint_pill(entry.status)
         rows.append(
             {
+                "event": None,  # not an event row (the template asks every row)
                 "seq": str(entry.seq),
                 "url": checkpoint_url(entry.id),
                 "head": entry.id == head_id,
-                "step": "—" if entry.step is None else str(entry.step),
                 "label": _short(entry.label or "checkpoint", 60),
-                "status": entry.status,
-                "status_label": labels.get(entry.status, entry.status),
+                "status": pill,
+                "status_label": pill_label,
+                # Only for those who may fork: the link would end on a 403 for anyone else.
+                "rewind_url": fork_url(entry.id) if can_fork else "",
                 "created_iso": created.isoformat(),
                 "created_exact": created.strftime("%Y-%m-%d %H:%M:%S.%f %Z"),
                 "created": created.strftime("%Y-%m-%d %H:%M:%S"),

@@ -19,10 +19,11 @@ from checkpoints.presentation import timeline
 from quicksave_agents.models import Agent
 from tests.conftest import person
 
-# Measured at 13 (session, user, two permission reads, thread, role for the header, branches,
-# heads, timeline page, the approvals asked on it, tree landmarks, chart samples, a pending
-# approval); one spare for a harmless extra read.
-THREAD_PAGE_QUERIES = 14
+# Measured at 14 (session, user, two permission reads, thread, branches, heads, timeline page, the
+# events between its checkpoints, the approvals asked on it or named by its events, a pending
+# approval, runs no worker claimed, role and inbox count for the header); one spare for a harmless
+# extra read. The branch tree and chart are drawn only when asked for (two more: landmarks, samples).
+THREAD_PAGE_QUERIES = 15
 
 
 def grow(thread: Thread, steps: int, *, parent: Checkpoint | None = None, branch: str | None = None,
@@ -183,14 +184,14 @@ def test_older_and_newer_links_walk_the_whole_branch(page_client: Client, thread
     assert timeline_seqs(newer) == list(range(120, 70, -1))
 
 
-def test_rows_show_step_label_status_model_size_and_links(page_client: Client, thread: Thread) -> None:
+def test_rows_show_label_status_model_size_and_links(page_client: Client, thread: Thread) -> None:
     written = grow(thread, 2)
     html = page_client.get(url(thread)).content.decode()
     row = re.search(r'<tr data-seq="1".*?</tr>', html, re.S)
     assert row is not None
     text = row.group(0)
     assert f'href="/checkpoints/{written[0].pk}/"' in text
-    assert '<span class="badge status-running">Running</span>' in text
+    assert '<span class="badge status-saved">Saved</span>' in text  # a step saved, not the thread running
     assert "gpt-test" in text
     assert f'<time datetime="{written[0].created_at.isoformat()}' in text
     assert "bytes" in text
@@ -219,7 +220,7 @@ def test_a_fork_draws_both_lanes_and_highlights_the_selected_one(page_client: Cl
     storage.start_branch(thread=thread, at=main[3], name="retry")
     retry = grow(thread, 3, parent=main[3], branch="retry", label="retry")
 
-    tree = svg(page_client.get(url(thread)).content.decode(), "branch-tree")
+    tree = svg(page_client.get(url(thread, "drawings=1")).content.decode(), "branch-tree")
     assert 'role="img"' in tree and "aria-label=" in tree
     assert '<g class="lane lane-selected" data-branch="main"' in tree
     assert '<g class="lane" data-branch="retry"' in tree
@@ -228,7 +229,7 @@ def test_a_fork_draws_both_lanes_and_highlights_the_selected_one(page_client: Cl
     assert f'href="/checkpoints/{main[3].pk}/"' in tree  # the fork point
     assert 'href="?branch=retry"' in tree
 
-    html = page_client.get(url(thread, "branch=retry")).content.decode()
+    html = page_client.get(url(thread, "branch=retry&drawings=1")).content.decode()
     tree = svg(html, "branch-tree")
     assert '<g class="lane lane-selected" data-branch="retry"' in tree
     assert '<g class="lane" data-branch="main"' in tree
@@ -241,7 +242,7 @@ def test_a_fork_draws_both_lanes_and_highlights_the_selected_one(page_client: Cl
 
 def test_a_long_branch_is_folded_not_drawn_node_by_node(page_client: Client, thread: Thread) -> None:
     grow(thread, 300)
-    tree = svg(page_client.get(url(thread)).content.decode(), "branch-tree")
+    tree = svg(page_client.get(url(thread, "drawings=1")).content.decode(), "branch-tree")
     nodes = tree.count('<a class="node')
     assert 50 <= nodes <= 52  # the page's fifty, plus the first checkpoint
     assert '<g class="lane-gap"><title>249 checkpoints folded</title>' in tree
@@ -249,7 +250,7 @@ def test_a_long_branch_is_folded_not_drawn_node_by_node(page_client: Client, thr
 
 def test_chart_samples_at_most_120_points_of_a_long_branch(page_client: Client, thread: Thread) -> None:
     grow(thread, 300)
-    chart = svg(page_client.get(url(thread)).content.decode(), "state-chart")
+    chart = svg(page_client.get(url(thread, "drawings=1")).content.decode(), "state-chart")
     assert 'role="img"' in chart and "sampled from 300 checkpoints" in chart
     points = chart.count('class="chart-point"')
     assert points == int(re.search(r'data-points="(\d+)"', chart).group(1))  # type: ignore[union-attr]
@@ -260,7 +261,7 @@ def test_chart_samples_at_most_120_points_of_a_long_branch(page_client: Client, 
 def test_an_empty_branch_is_drawn_as_a_stub_and_its_timeline_says_so(page_client: Client, thread: Thread) -> None:
     main = grow(thread, 4)
     storage.start_branch(thread=thread, at=main[1], name="later")
-    html = page_client.get(url(thread, "branch=later")).content.decode()
+    html = page_client.get(url(thread, "branch=later&drawings=1")).content.decode()
     assert '<g class="node node-empty"><title>No checkpoint on later yet</title>' in svg(html, "branch-tree")
     assert "No checkpoints on later yet" in html
     assert timeline_seqs(html) == []
@@ -270,7 +271,7 @@ def test_more_branches_than_lanes_are_listed_but_not_drawn(page_client: Client, 
     main = grow(thread, 3)
     for i in range(timeline.MAX_LANES + 2):
         storage.start_branch(thread=thread, at=main[1], name=f"try-{i}")
-    html = page_client.get(url(thread, f"branch=try-{timeline.MAX_LANES + 1}")).content.decode()
+    html = page_client.get(url(thread, f"branch=try-{timeline.MAX_LANES + 1}&drawings=1")).content.decode()
     tree = svg(html, "branch-tree")
     assert tree.count('<g class="lane') == timeline.MAX_LANES
     assert '<g class="lane lane-selected" data-branch="try-13"' in tree  # the selected one is always drawn
@@ -280,7 +281,7 @@ def test_more_branches_than_lanes_are_listed_but_not_drawn(page_client: Client, 
 
 def test_chart_of_a_short_branch_has_every_checkpoint(page_client: Client, thread: Thread) -> None:
     grow(thread, 10)
-    chart = svg(page_client.get(url(thread)).content.decode(), "state-chart")
+    chart = svg(page_client.get(url(thread, "drawings=1")).content.decode(), "state-chart")
     assert chart.count('class="chart-point"') == 10
     assert chart.count('class="chart-gap"') == 9 + 1  # nine intervals and the legend swatch
 
@@ -291,10 +292,11 @@ def test_chart_of_a_short_branch_has_every_checkpoint(page_client: Client, threa
 def test_pages_are_keyset_ranges_and_the_chart_reads_only_its_samples(page_client: Client, thread: Thread) -> None:
     grow(thread, 300)
     with CaptureQueriesContext(connection) as queries:
-        page_client.get(url(thread, "before_seq=200"))
+        page_client.get(url(thread, "before_seq=200&drawings=1"))
     sql = [query["sql"] for query in queries.captured_queries]
     assert not any("OFFSET" in statement for statement in sql)
-    assert any('"seq" < 200' in statement and "LIMIT 50" in statement for statement in sql)
+    # Fifty rows and #200 itself, the newer neighbour whose time ends the page's span of events.
+    assert any('"seq" <= 200' in statement and "LIMIT 51" in statement for statement in sql)
     assert any("unnest" in statement and "LIMIT 1" in statement for statement in sql)  # one probe per sample
 
 
@@ -316,13 +318,19 @@ def test_human_bytes_reads_like_filesizeformat(size: int) -> None:
 def test_query_count_does_not_grow_with_the_thread(
     length: int, page_client: Client, thread: Thread, agent: Agent, django_assert_max_num_queries: Any
 ) -> None:
-    main = grow(thread, length)
+    main = grow(thread, length // 2)
+    for i in range(length // 2):  # as many events of the thread's story as checkpoints, interleaved
+        storage.record_event(thread=thread, type="run.claimed", data={"worker": f"w{i}", "attempt": 1})
+        main += grow(thread, 1, parent=main[-1])
     storage.start_branch(thread=thread, at=main[length // 2], name="retry")
     grow(thread, 5, parent=main[length // 2], branch="retry")
-    for query in ("", "before_seq=5", "branch=retry"):
+    for query in ("", "before_seq=5", "branch=retry", "kind=runs", "kind=runs&before_event=20"):
         with django_assert_max_num_queries(THREAD_PAGE_QUERIES):
             response = page_client.get(url(thread, query))
         assert response.status_code == 200
+    # Drawing the branch tree and the chart reads their landmarks and samples: two more.
+    with django_assert_max_num_queries(THREAD_PAGE_QUERIES + 2):
+        assert page_client.get(url(thread, "drawings=1")).status_code == 200
 
 
 def test_a_thread_waiting_for_a_decision_leads_to_the_request_from_its_pages(

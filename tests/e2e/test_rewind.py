@@ -54,9 +54,9 @@ def test_an_admin_rewinds_a_failed_migration_fixes_the_batch_size_and_the_agent_
     assert "Failed" in tab.page.locator(".thread-title").inner_text()
     tab.shot("failed thread")
 
-    # Step 14 is #15 (step 0 is #1): open it from the timeline.
+    # The agent's step 14 is #15 (its step 0 is #1): the page numbers checkpoints one way only.
     row = tab.page.locator("#timeline tr[data-seq='15']")
-    assert row.locator("td").nth(1).inner_text().strip() == "14"
+    assert row.locator("td").nth(1).inner_text().startswith("migrate table_14")
     tab.follow("#timeline tr[data-seq='15'] a.mono")
     assert tab.page.title().startswith("#15 migrate table_14")
     card = tab.page.locator("#rewind")
@@ -110,7 +110,9 @@ def test_an_admin_rewinds_a_failed_migration_fixes_the_batch_size_and_the_agent_
 
     tab.goto(f"/threads/{thread.pk}/")
     assert "Completed" in tab.page.locator(".thread-title").inner_text()
+    tab.page.click("#drawings summary")  # folded below the timeline, drawn when opened
     tree = tab.page.locator("svg#branch-tree")
+    tree.wait_for()
     assert tree.locator("g.lane[data-branch='main']").count() == 1
     assert tree.locator("g.lane[data-branch='fork-1']").count() == 1
     assert "fork-1 forks from main #15" in tree.inner_html()
@@ -184,3 +186,41 @@ def test_errors_come_back_inline_and_cancel_and_resume_confirm_with_a_reason(
     tab.follow("#confirm-action")
     assert "Cancelled" in tab.page.locator(".thread-title").inner_text()
     assert AuditEntry.objects.filter(thread=thread, action__in=["thread.resume", "thread.cancel"]).count() == 2
+
+
+def test_the_failure_banner_and_every_row_rewind_to_their_own_checkpoint(story_tab: Pages, browser: Any,
+                                                                        server_url: str) -> None:  # fmt: skip
+    tab = story_tab
+    make_person("ada", "admin")
+    make_person("vera", "viewer")
+    thread = start_thread(agent_class=MigrationAgent, external_id="migrate-users")
+    drain()
+    thread.refresh_from_db()
+    failed = Checkpoint.objects.get(pk=str(thread.head_id))
+    assert (thread.status, failed.seq) == (ThreadStatus.FAILED, 21)
+
+    tab.login("ada")
+    tab.goto(f"/threads/{thread.pk}/")
+    banner = tab.page.locator("#attention.failed")
+    assert "lock wait timeout" in banner.inner_text()
+    tab.follow("#attention a.rewind-link")
+    assert tab.page.url.endswith(f"/checkpoints/{failed.pk}/fork/")
+    assert tab.page.title().startswith("Rewind & branch from #21")
+    state = json.loads(tab.page.input_value("#fork-state"))  # the failed step's state, ready to edit
+    assert state["settings"] == {"batch_size": 5000} and len(state["migrated"]) == 19
+    tab.shot("rewind from the failure banner")
+
+    tab.goto(f"/threads/{thread.pk}/")
+    tab.follow("#timeline tr[data-seq='16'] a.rewind-link")
+    assert tab.page.title().startswith("Rewind & branch from #16")
+    assert json.loads(tab.page.input_value("#fork-state"))["settings"] == {"batch_size": 5000}
+
+    # A viewer may not fork: no rewind anywhere on the page.
+    context = browser.new_context()
+    viewer = Pages(context.new_page(), server_url, "viewer-rewind")
+    viewer.login("vera")
+    viewer.goto(f"/threads/{thread.pk}/")
+    assert viewer.page.locator("#attention.failed").is_visible()
+    assert viewer.page.locator("a.rewind-link").count() == 0
+    assert viewer.errors == []
+    context.close()

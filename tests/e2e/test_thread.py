@@ -51,6 +51,9 @@ def test_a_viewer_finds_a_thread_walks_its_timeline_and_reads_a_diff(tab: Pages)
     assert tab.page.title() == "trip-kyoto · travel · Quicksave"
     assert tab.page.locator("#timeline tbody tr[data-seq]").count() == 50  # the newest page
     assert tab.page.locator("#timeline tbody tr[data-seq]").first.get_attribute("data-seq") == "61"
+    assert tab.page.locator(".tree-wrap svg").count() == 0  # folded below the timeline, not drawn yet
+    tab.page.click("#drawings summary")
+    tab.page.locator(".tree-wrap svg").wait_for()
     assert "cheaper-hotels" in tab.page.locator(".tree-wrap svg").inner_html()
     tab.shot("thread")
 
@@ -97,3 +100,29 @@ def test_a_checkpoint_written_through_the_api_appears_on_the_open_page(tab: Page
     assert "booked" in tab.page.locator("#timeline tbody tr[data-seq='7']").inner_text()
     assert "Completed" in tab.page.locator(".thread-title .badge").inner_text()
     tab.shot("live row")
+
+
+def test_an_approval_asked_through_the_api_appears_in_the_open_timeline(tab: Pages, server_url: str) -> None:
+    make_person("vera", "viewer")
+    thread = seed_conversation(steps=5)
+    _, key = create_agent_key(agent=get_or_create_agent(name="travel"))
+    tab.login("vera")
+    tab.goto(f"/threads/{thread.pk}/")
+    tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+    assert tab.page.locator("#timeline tr[data-type='approval.requested']").count() == 0
+
+    head, _ = storage.latest_state(thread=thread)
+    with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {key}"}) as api:
+        asked = api.post(f"/api/v1/threads/{thread.pk}/approvals/",
+                         json={"checkpoint": str(head), "action": "book_ryokan", "args": {"nights": 3}})  # fmt: skip
+    assert asked.status_code == 201, asked.text
+
+    row = tab.page.locator("#timeline tr[data-type='approval.requested']")
+    row.wait_for(timeout=15_000)  # no reload
+    assert "Approval asked: book_ryokan" in row.inner_text()
+    # Newest first: the event sits above the checkpoint it was asked at.
+    kinds = tab.page.eval_on_selector_all(
+        "#timeline tbody tr", "rows => rows.map(r => r.dataset.type || r.dataset.seq)"
+    )
+    assert kinds.index("approval.requested") < kinds.index("6")
+    tab.shot("live event")

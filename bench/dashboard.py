@@ -135,8 +135,9 @@ def build_history_thread() -> Any:
 
     def step(parent: Any, branch: str, i: int) -> Any:
         written[0] += 1
+        message = {"role": "assistant", "content": f"{branch} {i} " + "x" * 60}
         patch: list[dict[str, Any]] = [
-            {"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": f"{branch} {i} " + "x" * 60}},
+            {"op": "add", "path": "/messages/-", "value": message},
             {"op": "replace", "path": "/step", "value": i},
         ]
         if written[0] % 20 == 0 and written[0] < HISTORY_CHECKPOINTS:
@@ -180,14 +181,15 @@ def value_history_figures(client: Any, repeats: int) -> dict[str, Any]:
     first_read_ms = (time.perf_counter() - started) * 1000
     once = value_history(thread, "/config/model")
     if len(changes) != HISTORY_CHANGES or len(once) != 1:
-        raise RuntimeError(f"the history thread has {len(changes)} and {len(once)} changes, not {HISTORY_CHANGES} and 1")
+        raise RuntimeError(f"the history thread has {len(changes)} and {len(once)} changes, not {HISTORY_CHANGES}, 1")
     base = f"/api/v1/threads/{thread.pk}/history/?path="
     many_ms, once_ms = median_get_ms(client, [f"{base}/config/batch_size", f"{base}/config/model"], repeats)
     print()
     print(f"{'value history (API)':<26} {'data':<32} {'median ms':>10}  target")
     print("-" * 86)
-    print(f"{'path changed 500 times':<26} {'10,000 checkpoints, 3 branches':<32} {many_ms:>10.1f}  ≤ {HISTORY_TARGET_MS:g} ms")
-    print(f"{'path changed once':<26} {'same thread':<32} {once_ms:>10.1f}  ≤ {HISTORY_TARGET_MS:g} ms")
+    target = f"≤ {HISTORY_TARGET_MS:g} ms"
+    print(f"{'path changed 500 times':<26} {'10,000 checkpoints, 3 branches':<32} {many_ms:>10.1f}  {target}")
+    print(f"{'path changed once':<26} {'same thread':<32} {once_ms:>10.1f}  {target}")
     print(f"{'first read (indexes)':<26} {'same thread, once':<32} {first_read_ms:>10.1f}  (one-off)")
     print("(each request computes the whole history, all 500 changes, and returns its first page of 50)")
     return {

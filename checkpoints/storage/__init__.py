@@ -9,12 +9,12 @@ each branch's materialised head in PostgreSQL).
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
 approvals) use the names below: append, read a state, diff, a value's history (`history`, with
 its `_changedpath` index), the thread and branch writes, the tool-result cache, and for lifecycle
-work the payload primitives, integrity checks and `rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
-internal; the primitives a few callers need by module are `codec` (framing and MACs, and
-`keyed_digest` for records outside the chain), `crypto` (sealing a value to its row, under a
-thread's key or, with `wrap_key` and `seal_with`, a key the caller keeps: memory's namespaces),
-`jsonpatch` (RFC 6902), `lru` (the one cache helper),
-`blobs` (reading an offloaded value) and `lent_connection`.
+work the payload primitives, integrity checks and `rewrite_chain` (compaction's only way to change
+stored rows). The modules behind them are internal; the primitives a few callers need by module
+are `codec` (framing and MACs, and `keyed_digest` for records outside the chain), `crypto`
+(sealing a value to its row, under a thread's key or, with `wrap_key` and `seal_with`, a key the
+caller keeps: memory's namespaces), `jsonpatch` (RFC 6902), `lru` (the one cache helper), `blobs`
+(reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
@@ -84,10 +84,10 @@ __all__ = [
     "NotFound",
     "Problem",
     "Relinked",
-    "ValueChange",
     "StaleParent",
     "StateTooLarge",
     "StoreError",
+    "ValueChange",
     "add_tool_results",
     "append_checkpoint",
     "branch_head",

@@ -77,17 +77,9 @@ class ValueChange:
     label: str
     status: str
     created_at: datetime
+    change: str  # "added" (the path appeared), "removed" (it went) or "changed"
     old: Any
     new: Any
-
-    @property
-    def change(self) -> str:
-        """"added" (the path appeared), "removed" (it went) or "changed"."""
-        if self.old is ABSENT:
-            return "added"
-        if self.new is ABSENT:
-            return "removed"
-        return "changed"
 
     @property
     def position(self) -> tuple[datetime, UUID]:
@@ -107,12 +99,22 @@ def value_history(
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     tokens = pointer_tokens(path)
     branches = _index(thread_id)
-    rows = _touching(thread_id, path, tokens)
-    changes = _follow(rows, tokens, branches)
-    changes.sort(key=lambda change: change.position, reverse=True)
+    follow = _Follower(_touching(thread_id, path, tokens), tokens, branches)
+    if limit is None and after is None:
+        return _newest_first(follow.changes(keep=None))
+    # Which changes make the page needs no values kept: a value's history of a growing list would
+    # otherwise hold a copy of the list for every change. Then the page's values, and only those.
+    page = _newest_first(follow.changes(keep=frozenset()))
     if after is not None:
-        changes = [change for change in changes if change.position < after]
-    return changes if limit is None else changes[:limit]
+        page = [change for change in page if change.position < after]
+    if limit is not None:
+        page = page[:limit]
+    shown = frozenset(change.checkpoint_id for change in page)
+    return _newest_first([change for change in follow.changes(keep=shown) if change.checkpoint_id in shown])
+
+
+def _newest_first(changes: list[ValueChange]) -> list[ValueChange]:
+    return sorted(changes, key=lambda change: change.position, reverse=True)
 
 
 def pointer_tokens(path: Any) -> list[str]:
@@ -375,69 +377,100 @@ class _Unknown(Exception):
     """The patch moves values the history does not follow (array shifts, move, copy): read the state."""
 
 
-def _follow(found: list[_Touching], tokens: list[str], branches: dict[int, _Branch]) -> list[ValueChange]:
-    """The changes among the checkpoints that touched the path, each with the value before it (the
-    value after the nearest touching ancestor) and after it (that value with the change applied)."""
-    depth: dict[int, int] = {}
+class _Follower:
+    """Follows the value along the tree through the checkpoints that touched the path: the value
+    before each is the value after its nearest touching ancestor, and the value after it is that
+    value with its change applied. Decoded changes are kept for a second pass, states are not."""
 
-    def branch_depth(branch_id: int) -> int:
-        if branch_id not in depth:
-            parent = branches[branch_id].fork_branch if branch_id in branches else None
-            depth[branch_id] = 0 if parent is None or parent == branch_id else branch_depth(parent) + 1
-        return depth[branch_id]
+    def __init__(self, found: list[_Touching], tokens: list[str], branches: dict[int, _Branch]) -> None:
+        self.tokens = tokens
+        self.branches = branches
+        self.depth: dict[int, int] = {}
+        # Ancestors first: a branch after the branch it forked from, each branch in seq order.
+        self.found = sorted(found, key=lambda item: (self._depth(item.row.branch_id), item.row.branch_id, item.row.seq))
+        self.seqs: dict[int, list[int]] = {}
+        for item in self.found:
+            self.seqs.setdefault(item.row.branch_id, []).append(item.row.seq)
+        # The value after a touching checkpoint is needed later only while it is its branch's latest,
+        # or when another branch forks after it (before the next touching checkpoint of its branch).
+        self.needed: set[tuple[int, int]] = set()
+        for branch in branches.values():
+            if branch.fork_branch is None or branch.fork_seq is None:
+                continue
+            known = self.seqs.get(branch.fork_branch, [])
+            at = bisect_right(known, branch.fork_seq)
+            if at:
+                self.needed.add((branch.fork_branch, known[at - 1]))
+        self.decoded: dict[UUID, Any] = {}
 
-    # Ancestors first: a branch after the branch it forked from, each branch in seq order.
-    found.sort(key=lambda item: (branch_depth(item.row.branch_id), item.row.branch_id, item.row.seq))
-    seqs: dict[int, list[int]] = {}
-    after: dict[int, list[Any]] = {}
-    changes: list[ValueChange] = []
-    for item in found:
-        row = item.row
-        old = ABSENT if row.parent_id is None else _value_before(row, tokens, branches, seqs, after)
-        new = _value_after(row, old, tokens)
-        seqs.setdefault(row.branch_id, []).append(row.seq)
-        after.setdefault(row.branch_id, []).append(new)
-        if old is ABSENT and new is ABSENT:
-            continue
-        if old is not ABSENT and new is not ABSENT and json_equal(old, new):
-            continue
-        changes.append(ValueChange(
-            checkpoint_id=row.id, parent_id=row.parent_id, branch=item.branch, seq=row.seq, step=row.step,
-            label=row.label, status=row.status, created_at=row.created_at, old=old, new=new,
-        ))  # fmt: skip
-    return changes
+    def _depth(self, branch_id: int) -> int:
+        if branch_id not in self.depth:
+            branch = self.branches.get(branch_id)
+            parent = branch.fork_branch if branch is not None else None
+            self.depth[branch_id] = 0 if parent is None or parent == branch_id else self._depth(parent) + 1
+        return self.depth[branch_id]
 
+    def changes(self, *, keep: frozenset[UUID] | None) -> list[ValueChange]:
+        """The checkpoints where the value changed, with their values if `keep` is None or names
+        them (else both are ABSENT and only `change` says what happened)."""
+        values: dict[tuple[int, int], Any] = {}
+        latest: dict[int, tuple[int, Any]] = {}
+        found: list[ValueChange] = []
+        for item in self.found:
+            row = item.row
+            old = ABSENT if row.parent_id is None else self._before(row, values, latest)
+            new = self._after(row, old)
+            previous = latest.get(row.branch_id)
+            if previous is not None and (row.branch_id, previous[0]) not in self.needed:
+                values.pop((row.branch_id, previous[0]), None)
+            latest[row.branch_id] = (row.seq, new)
+            values[(row.branch_id, row.seq)] = new
+            if old is ABSENT and new is ABSENT:
+                continue
+            if old is not ABSENT and new is not ABSENT and json_equal(old, new):
+                continue
+            change = "added" if old is ABSENT else "removed" if new is ABSENT else "changed"
+            shown = keep is None or row.id in keep
+            found.append(ValueChange(
+                checkpoint_id=row.id, parent_id=row.parent_id, branch=item.branch, seq=row.seq, step=row.step,
+                label=row.label, status=row.status, created_at=row.created_at, change=change,
+                old=old if shown else ABSENT, new=new if shown else ABSENT,
+            ))  # fmt: skip
+        return found
 
-def _value_before(
-    row: Row, tokens: list[str], branches: dict[int, _Branch], seqs: dict[int, list[int]], after: dict[int, list[Any]]
-) -> Any:
-    """The value at the path in the row's parent's state: after the nearest touching ancestor."""
-    branch_id: int | None = row.branch_id
-    below = row.seq  # ancestors on this branch have smaller seqs; on a fork's branch, up to its fork point
-    strict = True
-    while branch_id is not None:
-        known = seqs.get(branch_id, [])
-        at = bisect_right(known, below - 1 if strict else below)
-        if at:
-            return after[branch_id][at - 1]
-        branch = branches.get(branch_id)
-        if branch is None or branch.fork_branch is None:
-            break
-        branch_id, below, strict = branch.fork_branch, branch.fork_seq or 0, False
-    # No touching ancestor was found (the index is behind the rows): read the parent's state.
-    assert row.parent_id is not None
-    return lookup(load_node(row.parent_id).state, tokens)
+    def _before(self, row: Row, values: dict[tuple[int, int], Any], latest: dict[int, tuple[int, Any]]) -> Any:
+        """The value at the path in the row's parent's state: after the nearest touching ancestor."""
+        branch_id: int | None = row.branch_id
+        below, strict = row.seq, True  # on the row's branch, seqs before it; on a fork's, up to its fork point
+        while branch_id is not None:
+            known = self.seqs.get(branch_id, [])
+            at = bisect_right(known, below - 1 if strict else below)
+            if at:
+                seq = known[at - 1]
+                if (branch_id, seq) in values:
+                    return values[(branch_id, seq)]
+                break  # not kept (cannot happen: see `needed`): read the state instead
+            branch = self.branches.get(branch_id)
+            if branch is None or branch.fork_branch is None:
+                break
+            branch_id, below, strict = branch.fork_branch, branch.fork_seq or 0, False
+        # No touching ancestor was found (the index is behind the rows): read the parent's state.
+        assert row.parent_id is not None
+        return lookup(load_node(row.parent_id).state, self.tokens)
 
-
-def _value_after(row: Row, old: Any, tokens: list[str]) -> Any:
-    try:
-        if row.parent_id is None or row.kind == PayloadKind.SNAPSHOT:
-            return lookup(decode_payload(row), tokens)
-        return _apply(old, decode_payload(row), tokens)
-    except _Unknown:
-        return lookup(load_node(row.id).state, tokens)
-    except (ValueError, OSError) as exc:
-        raise IntegrityFailure(f"Checkpoint {row.id}'s payload does not open: {exc}") from None
+    def _after(self, row: Row, old: Any) -> Any:
+        try:
+            if row.parent_id is None or row.kind == PayloadKind.SNAPSHOT:
+                # A whole state: its decoded copy is not kept, nor needed past this lookup.
+                return lookup(decode_payload(row), self.tokens)
+            ops = self.decoded.get(row.id)
+            if ops is None:
+                ops = self.decoded[row.id] = decode_payload(row)
+            return _apply(old, ops, self.tokens)
+        except _Unknown:
+            return lookup(load_node(row.id).state, self.tokens)
+        except (ValueError, OSError) as exc:
+            raise IntegrityFailure(f"Checkpoint {row.id}'s payload does not open: {exc}") from None
 
 
 def _apply(value: Any, ops: list[dict[str, Any]], tokens: list[str]) -> Any:

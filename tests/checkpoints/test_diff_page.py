@@ -156,6 +156,63 @@ def test_appends_to_a_list_are_summarised_and_shown_open(page_client: Client, tr
     assert "/messages/1" in html and "/messages/3" in html and "reply 2" in html
 
 
+def test_a_long_run_of_appends_starts_folded(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"log": []})
+    appends = [{"op": "add", "path": "/log/-", "value": i} for i in range(25)]
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=appends)
+
+    html = page_client.get(url(second)).content.decode()
+
+    assert '<details class="run added">\n        <summary>+25 log items</summary>' in html
+
+
+def test_values_show_up_to_a_size_and_longer_ones_fold_behind_a_preview(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"report": {"status": "ok"}})
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=[
+        {"op": "replace", "path": "/report/status", "value": "failed"},
+        {"op": "add", "path": "/report/trace", "value": [f"frame {i}: in migrate()" for i in range(40)]},
+    ])  # fmt: skip
+
+    html = page_client.get(url(second)).content.decode()
+
+    assert ('<pre class="value new"><span class="sign" aria-hidden="true">+</span><span class="sr-only">After: </span>'
+            "&quot;failed&quot;</pre>") in html  # fmt: skip
+    assert re.search(r'<details class="fold new"><summary><span class="sr-only">After: </span>'
+                     r'<code class="preview">\[ &quot;frame 0: in migrate\(\)&quot;, &quot;frame 1', html)  # fmt: skip
+    assert "42 lines · show all" in html
+    assert "frame 39: in migrate()" in html  # the whole value is on the page, one click away
+
+
+def test_side_by_side_rows_line_up_with_an_empty_cell_not_a_dash(page_client: Client, trip: list[Checkpoint]) -> None:
+    html = page_client.get(url(trip[1], "view=split")).content.decode()
+
+    shown = html[html.index('<div id="diff"') :]
+    assert "—" not in shown
+    rows = re.findall(
+        r'<div class="split listed">\s*<div><div class="side-empty"><span class="sr-only">Not in the base'
+        r'</span></div></div>\s*<div><code class="small muted">(/messages/\d)</code><pre class="value new">',
+        shown,
+    )
+    assert rows == ["/messages/1", "/messages/2", "/messages/3"]
+
+
+def test_side_by_side_long_values_fold_together(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"rows": [{"n": i} for i in range(30)]})
+    kept = [{"n": i} for i in range(30)]
+    second = storage.append_checkpoint(thread=thread, parent=first, state={"rows": {"count": 30, "kept": kept}})
+
+    html = page_client.get(url(second, "view=split")).content.decode()
+
+    folded = re.search(
+        r'<details class="fold split-fold">\s*<summary><span class="split"><span><code class="preview">'
+        r'\[ \{.*?</span><span><code class="preview">\{ &quot;count&quot;.*?</summary>\s*<div class="split">'
+        r'\s*<div><pre class="value old">.*?</pre></div>\s*<div><pre class="value new">',
+        html,
+        re.S,
+    )
+    assert folded is not None
+
+
 def test_long_strings_are_marked_word_by_word(page_client: Client, trip: list[Checkpoint]) -> None:
     html = page_client.get(url(trip[2])).content.decode()
 

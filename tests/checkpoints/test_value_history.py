@@ -88,6 +88,23 @@ def test_changes_on_every_branch_have_the_value_before_them_on_their_own_line(
     ]
 
 
+def test_paging_one_change_at_a_time_gives_the_whole_history(thread: Thread, run: list[Checkpoint]) -> None:
+    storage.start_branch(thread=thread, at=run[2], name="retry")
+    retry = append(thread, run[2], replace(BATCH, 16), branch="retry")
+    append(thread, retry, replace(BATCH, 8), branch="retry")
+    whole = storage.value_history(thread, BATCH)
+
+    paged: list[history.ValueChange] = []
+    while True:
+        page = storage.value_history(thread, BATCH, after=paged[-1].position if paged else None, limit=1)
+        if not page:
+            break
+        paged += page
+
+    assert paged == whole
+    assert [(c.branch, c.seq, c.old, c.new) for c in paged][:2] == [("retry", 2, 16, 8), ("retry", 1, 64, 16)]
+
+
 def test_a_replace_of_an_ancestor_counts_only_when_the_value_differs(thread: Thread, run: list[Checkpoint]) -> None:
     same = append(thread, run[4], replace("/config", {"batch_size": 128, "lr": 0.2}))
     append(thread, same, replace("/config", {"batch_size": 256}))
@@ -292,12 +309,12 @@ def test_the_api_lists_changes_with_old_and_new(owner_client: APIClient, thread:
 
 def test_the_api_pages_with_a_cursor(viewer_client: APIClient, thread: Thread, run: list[Checkpoint]) -> None:
     first = viewer_client.get(url(thread, f"path={BATCH}&limit=2")).json()
-    assert [c["seq"] for c in first["results"]] == [5, 3]
+    assert [(c["seq"], c["old"], c["new"]) for c in first["results"]] == [(5, 64, 128), (3, 32, 64)]
     assert first["next"] is not None
 
     second = viewer_client.get(first["next"]).json()
 
-    assert [c["seq"] for c in second["results"]] == [1]
+    assert [(c["seq"], c["change"], c["old"], c["new"]) for c in second["results"]] == [(1, "added", None, 32)]
     assert second["next"] is None
 
 

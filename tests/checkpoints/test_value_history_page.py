@@ -108,8 +108,8 @@ def test_values_and_labels_are_escaped(page_client: Client, thread: Thread) -> N
 
 def test_long_values_fold_behind_a_preview(page_client: Client, thread: Thread) -> None:
     first = storage.append_checkpoint(thread=thread, parent=None, state={"rows": []})
-    storage.append_checkpoint(thread=thread, parent=first,
-                              patch=[{"op": "add", "path": "/rows/-", "value": {"n": i}} for i in range(40)])  # fmt: skip
+    appends = [{"op": "add", "path": "/rows/-", "value": {"n": i}} for i in range(40)]
+    storage.append_checkpoint(thread=thread, parent=first, patch=appends)
 
     html = page_client.get(page(thread, "path=/rows")).content.decode()
 

@@ -22,8 +22,8 @@ def migration_run() -> list[Checkpoint]:
     thread, _ = storage.create_thread(agent=get_or_create_agent(name="migrate"), external_id="migration-e2e")
     first = storage.append_checkpoint(thread=thread, parent=None, label="start",
                                       state={"config": {"batch_size": 32, "lr": 0.1}, "log": []})  # fmt: skip
-    second = storage.append_checkpoint(thread=thread, parent=first, label="copy",
-                                       patch=[{"op": "add", "path": "/log/-", "value": "copied 1,000 rows"}])  # fmt: skip
+    copied = [{"op": "add", "path": "/log/-", "value": "copied 1,000 rows"}]
+    second = storage.append_checkpoint(thread=thread, parent=first, label="copy", patch=copied)
     third = storage.append_checkpoint(thread=thread, parent=second, label="tune",
                                       patch=[{"op": "replace", "path": BATCH, "value": 64}])  # fmt: skip
     fourth = storage.append_checkpoint(thread=thread, parent=third, label="copy",

@@ -45,14 +45,7 @@ _BATCH = 500
 
 
 class _Absent:
-    """The value of a path that does not exist in a state."""
-
-    _instance: _Absent | None = None
-
-    def __new__(cls) -> _Absent:
-        if cls._instance is None:
-            cls._instance = super().__new__(cls)
-        return cls._instance
+    """The value of a path that does not exist in a state (ABSENT, its one instance)."""
 
     def __repr__(self) -> str:
         return "ABSENT"

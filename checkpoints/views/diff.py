@@ -79,7 +79,7 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
 
 # What the pickers offer and a person types: "<branch> #<seq>", then the label if any; "#12" is on
 # the compared checkpoint's branch.
-_PICKED = re.compile(r"\s*(?:(?P<branch>\S.*?)\s+)?#(?P<seq>\d{1,10})(?:\s.*)?", re.DOTALL)
+_PICKED = re.compile(r"\s*(?:(?P<branch>\S.*?)\s+)?#(?P<seq>\d{1,9})(?:\s.*)?", re.DOTALL)
 
 
 def _checkpoint_param(request: HttpRequest, name: str, target: Checkpoint) -> UUID | None:
@@ -91,7 +91,7 @@ def _checkpoint_param(request: HttpRequest, name: str, target: Checkpoint) -> UU
         return UUID(raw)
     except ValueError:
         pass
-    picked = _PICKED.fullmatch(raw)
+    picked = _PICKED.fullmatch(raw) if "\x00" not in raw else None
     if picked is None:
         raise BadRequest(
             f"The {name} must be a checkpoint of this thread as the list offers it ('main #12', or '#12' on "

@@ -329,7 +329,8 @@ def test_a_target_picked_by_text_on_another_branch_redirects_to_its_diff(
 @pytest.mark.parametrize(
     ("query", "message"),
     [("base=main %2399", b"no checkpoint #99 on a branch named"), ("base=nowhere %231", b"named &#x27;nowhere&#x27;"),
-     ("base=plan", b"as the list offers it")],
+     ("base=plan", b"as the list offers it"), ("base=ma%00in %231", b"as the list offers it"),
+     ("base=main %239999999999", b"as the list offers it")],
 )  # fmt: skip
 def test_a_picked_text_that_names_no_checkpoint_is_a_400_saying_so(
     page_client: Client, trip: list[Checkpoint], query: str, message: bytes

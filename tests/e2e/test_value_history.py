@@ -87,3 +87,7 @@ def test_the_diff_pickers_take_a_typed_checkpoint(tab: Pages, db: Any) -> None:
     # Added values are open: the log lines appended since #1 show without a click.
     assert tab.page.get_by_text("out of memory").is_visible()
     tab.shot("diff from a typed base")
+    tab.follow("nav.segmented a:has-text('Side by side')")
+    assert tab.page.get_by_text("out of memory").is_visible()
+    assert "—" not in tab.page.locator("#diff").inner_text()
+    tab.shot("side by side")

@@ -55,6 +55,8 @@ class _Absent:
 
 
 ABSENT: Final = _Absent()
+# An object or array a first pass over a history did not keep (see value_history); never returned.
+_DROPPED: Final = _Absent()
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,16 +94,18 @@ def value_history(
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     tokens = pointer_tokens(path)
     branches = _index(thread_id)
-    follow = _Follower(_touching(thread_id, path, tokens), tokens, branches)
+    follow = _Follower(_touching(thread_id, path, tokens), path, tokens, branches)
     if limit is None and after is None:
         return _newest_first(follow.changes(keep=None))
-    # Which changes make the page needs no values kept: a value's history of a growing list would
-    # otherwise hold a copy of the list for every change. Then the page's values, and only those.
+    # Which changes make the page needs no object or array kept: a value's history of a growing list
+    # would otherwise hold a copy of the list for every change. Then those of the page, if any.
     page = _newest_first(follow.changes(keep=frozenset()))
     if after is not None:
         page = [change for change in page if change.position < after]
     if limit is not None:
         page = page[:limit]
+    if all(change.old is not _DROPPED and change.new is not _DROPPED for change in page):
+        return page
     shown = frozenset(change.checkpoint_id for change in page)
     return _newest_first([change for change in follow.changes(keep=shown) if change.checkpoint_id in shown])
 
@@ -375,7 +379,8 @@ class _Follower:
     before each is the value after its nearest touching ancestor, and the value after it is that
     value with its change applied. Decoded changes are kept for a second pass, states are not."""
 
-    def __init__(self, found: list[_Touching], tokens: list[str], branches: dict[int, _Branch]) -> None:
+    def __init__(self, found: list[_Touching], path: str, tokens: list[str], branches: dict[int, _Branch]) -> None:
+        self.path = path
         self.tokens = tokens
         self.branches = branches
         self.depth: dict[int, int] = {}
@@ -405,7 +410,7 @@ class _Follower:
 
     def changes(self, *, keep: frozenset[UUID] | None) -> list[ValueChange]:
         """The checkpoints where the value changed, with their values if `keep` is None or names
-        them (else both are ABSENT and only `change` says what happened)."""
+        them; else only their scalars (an object or array is _DROPPED)."""
         values: dict[tuple[int, int], Any] = {}
         latest: dict[int, tuple[int, Any]] = {}
         found: list[ValueChange] = []
@@ -423,11 +428,12 @@ class _Follower:
             if old is not ABSENT and new is not ABSENT and json_equal(old, new):
                 continue
             change = "added" if old is ABSENT else "removed" if new is ABSENT else "changed"
-            shown = keep is None or row.id in keep
+            if keep is not None and row.id not in keep:
+                old = _DROPPED if isinstance(old, (dict, list)) else old
+                new = _DROPPED if isinstance(new, (dict, list)) else new
             found.append(ValueChange(
                 checkpoint_id=row.id, parent_id=row.parent_id, branch=item.branch, seq=row.seq, step=row.step,
-                label=row.label, status=row.status, created_at=row.created_at, change=change,
-                old=old if shown else ABSENT, new=new if shown else ABSENT,
+                label=row.label, status=row.status, created_at=row.created_at, change=change, old=old, new=new,
             ))  # fmt: skip
         return found
 
@@ -459,19 +465,19 @@ class _Follower:
             ops = self.decoded.get(row.id)
             if ops is None:
                 ops = self.decoded[row.id] = decode_payload(row)
-            return _apply(old, ops, self.tokens)
+            return _apply(old, ops, self.path, self.tokens)
         except _Unknown:
             return lookup(load_node(row.id).state, self.tokens)
         except (ValueError, OSError) as exc:
             raise IntegrityFailure(f"Checkpoint {row.id}'s payload does not open: {exc}") from None
 
 
-def _apply(value: Any, ops: list[dict[str, Any]], tokens: list[str]) -> Any:
+def _apply(value: Any, ops: list[dict[str, Any]], path: str, tokens: list[str]) -> Any:
     """The value at the path after `ops`, given its value before them."""
     depth = len(tokens)
     for op in ops:
         name = op.get("op")
-        if name == "test":
+        if name == "test" or not (_near(op["path"], path) or (name == "move" and _near(op["from"], path))):
             continue
         target = parse_pointer(op["path"])
         if name in ("move", "copy"):
@@ -503,6 +509,20 @@ def _apply(value: Any, ops: list[dict[str, Any]], tokens: list[str]) -> Any:
         except (PatchError, KeyError):
             raise _Unknown from None
     return value
+
+
+def _near(pointer: str, path: str) -> bool:
+    """Whether an op's pointer may bear on the path (see `_related`), by comparing the pointers' text
+    alone: most ops of a step touch other paths, and this spares parsing them."""
+    if pointer == path or not pointer or not path:
+        return True
+    if path.startswith(pointer) and path[len(pointer)] == "/":
+        return True  # an ancestor
+    if pointer.startswith(path) and pointer[len(path)] == "/":
+        return True  # a descendant
+    cut = pointer.rfind("/")
+    # A sibling of an ancestor, in an array: an insertion or removal there may shift the path.
+    return pointer[cut + 1 :].isdigit() and path.startswith(pointer[: cut + 1])
 
 
 def _prefix_length(pointer: str, depth: int) -> int:

@@ -293,7 +293,8 @@ def touched(ops: list[dict[str, Any]] | None) -> list[str]:
                 continue
             found[_fitted(pointer)] = None
             cut = pointer.rfind("/")
-            if shifts and cut >= 0 and pointer[cut + 1 :].isdigit():
+            last = pointer[cut + 1 :]
+            if shifts and cut >= 0 and (last.isdigit() or last == "-"):
                 found[_fitted(pointer[:cut])] = None
     return _coarsened(list(found))
 
@@ -492,7 +493,13 @@ def _apply(value: Any, ops: list[dict[str, Any]], path: str, tokens: list[str]) 
             if name == "replace":
                 continue  # a replace moves no element
             raise _Unknown
+        if relation == "append":
+            if value is ABSENT:
+                raise _Unknown  # the appended element may be the path's
+            continue  # the path's element exists: an append is after it
         if relation == "above":  # the op is at the path or an ancestor of it
+            if target and target[-1] == "-":
+                raise _Unknown  # an append, to an array's end (or to an object's member "-")
             if name == "remove":
                 if target and target[-1].isdigit():
                     raise _Unknown  # an array's later elements move up into the path
@@ -521,8 +528,9 @@ def _near(pointer: str, path: str) -> bool:
     if pointer.startswith(path) and pointer[len(path)] == "/":
         return True  # a descendant
     cut = pointer.rfind("/")
-    # A sibling of an ancestor, in an array: an insertion or removal there may shift the path.
-    return pointer[cut + 1 :].isdigit() and path.startswith(pointer[: cut + 1])
+    # A sibling of an ancestor, in an array: an insertion, removal or append there may move the path.
+    last = pointer[cut + 1 :]
+    return (last.isdigit() or last == "-") and path.startswith(pointer[: cut + 1])
 
 
 def _prefix_length(pointer: str, depth: int) -> int:
@@ -536,12 +544,16 @@ def _prefix_length(pointer: str, depth: int) -> int:
 def _related(target: list[str], tokens: list[str]) -> str | None:
     """How an op's pointer bears on the path: "above" (the path or an ancestor of it), "below"
     (inside the path's value), "shift" (an insertion or removal in an array that holds the path at
-    a later index: the path's element moves), or None (it leaves the path alone)."""
+    a later index: the path's element moves), "append" (an element added at the end of an array
+    that holds the path: it may be the path's element), or None (it leaves the path alone)."""
     common = min(len(target), len(tokens))
     for at in range(common):
         if target[at] != tokens[at]:
-            if at == len(target) - 1 and target[at].isdigit() and tokens[at].isdigit():
-                return "shift" if int(target[at]) <= int(tokens[at]) else None
+            if at == len(target) - 1 and tokens[at].isdigit():
+                if target[at].isdigit():
+                    return "shift" if int(target[at]) <= int(tokens[at]) else None
+                if target[at] == "-":
+                    return "append"
             return None
     return "above" if len(target) <= len(tokens) else "below"
 

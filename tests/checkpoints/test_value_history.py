@@ -3,6 +3,7 @@ one JSON path on every branch, with the value before and after, read from the st
 
 from __future__ import annotations
 
+import random
 from typing import Any
 from unittest import mock
 
@@ -15,6 +16,7 @@ from checkpoints import storage
 from checkpoints.models import ChangedPath, ChangedPathMark, Checkpoint, Thread
 from checkpoints.storage import crypto, history
 from checkpoints.storage.history import ABSENT
+from checkpoints.storage.jsonpatch import apply_patch, json_equal
 
 BATCH = "/config/batch_size"
 
@@ -377,3 +379,94 @@ def test_the_openapi_schema_documents_the_history(viewer_client: APIClient) -> N
     assert operation["operationId"] == "v1_threads_history"
     assert {parameter["name"] for parameter in operation["parameters"]} >= {"path", "limit", "cursor"}
     assert "ValueHistoryPage" in schema["components"]["schemas"]
+
+
+# --------------------------------------------------------------------------- against every state
+
+
+def every_change(thread: Thread, path: str) -> list[tuple[str, int, Any, Any]]:
+    """The history the slow way: every checkpoint's state against its parent's, oldest first."""
+    tokens = history.pointer_tokens(path)
+    found = []
+    rows = Checkpoint.objects.filter(thread=thread).select_related("branch").order_by("created_at", "id")
+    for row in rows:
+        new = history.lookup(storage.state_at(row.pk), tokens)
+        old = history.lookup(storage.state_at(row.parent_id), tokens) if row.parent_id else ABSENT
+        same = (old is ABSENT) == (new is ABSENT) and (old is ABSENT or json_equal(old, new))
+        if not same:
+            found.append((row.branch.name, row.seq, old, new))
+    return found
+
+
+def random_ops(state: dict[str, Any], rng: random.Random) -> list[dict[str, Any]]:
+    """One to three valid ops against `state`: replaces, adds and removes in objects and arrays,
+    array insertions in the middle, moves and copies."""
+    ops: list[dict[str, Any]] = []
+    doc = storage.clone(state)
+    for _ in range(rng.randint(1, 3)):
+        items = doc["a"]["l"]
+        choice = rng.choice(["x", "insert", "append", "remove", "replace-item", "move", "copy", "whole", "b"])
+        if choice == "x":
+            op = replace("/a/x", rng.randint(0, 3))
+        elif choice == "insert" and items:
+            op = add(f"/a/l/{rng.randrange(len(items))}", rng.randint(0, 9))
+        elif choice == "remove" and items:
+            op = remove(f"/a/l/{rng.randrange(len(items))}")
+        elif choice == "replace-item" and items:
+            op = replace(f"/a/l/{rng.randrange(len(items))}", rng.randint(0, 9))
+        elif choice == "move" and len(items) > 1:
+            op = {
+                "op": "move",
+                "from": f"/a/l/{rng.randrange(len(items))}",
+                "path": f"/a/l/{rng.randrange(len(items))}",
+            }
+        elif choice == "copy" and items:
+            op = {"op": "copy", "from": f"/a/l/{rng.randrange(len(items))}", "path": "/b/-"}
+        elif choice == "whole":
+            op = replace("/a", {"x": rng.randint(0, 3), "l": [rng.randint(0, 9) for _ in range(rng.randint(0, 4))]})
+        elif choice == "b":
+            op = add("/b/0", {"k": rng.randint(0, 2)})
+        else:
+            op = add("/a/l/-", rng.randint(0, 9))
+        doc = apply_patch(doc, [op]).doc
+        ops.append(op)
+    return ops
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5])
+def test_the_history_matches_every_state_compared_with_its_parents(thread: Thread, seed: int) -> None:
+    rng = random.Random(seed)
+    heads = {"main": storage.append_checkpoint(thread=thread, parent=None, state={"a": {"x": 0, "l": [1, 2]}, "b": []})}
+    for step in range(40):
+        branch = rng.choice(sorted(heads))
+        head = heads[branch]
+        if step % 13 == 12:  # a fork from somewhere on the branch
+            at = Checkpoint.objects.filter(thread=thread, branch=head.branch_id).order_by("?").first()
+            assert at is not None
+            branch = f"fork-{step}"
+            storage.start_branch(thread=thread, at=at, name=branch)
+            head = at
+        heads[branch] = append(thread, head, *random_ops(storage.state_at(head.pk), rng), branch=branch)
+
+    for path in ("", "/a", "/a/x", "/a/l", "/a/l/0", "/a/l/2", "/a/l/-", "/b/0", "/b/1/k", "/missing"):
+        found = [(c.branch, c.seq, c.old, c.new) for c in reversed(storage.value_history(thread, path))]
+        assert found == every_change(thread, path), path
+
+
+def test_the_history_of_a_compacted_thread_is_read_again(agent: Any) -> None:
+    from checkpoints import retention
+    from checkpoints.models import ThreadStatus
+
+    thread = storage.create_thread(agent=agent)[0]
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0, "log": []})
+    for i in range(1, 30):
+        parent = append(thread, parent, replace("/n", i // 3), add("/log/-", i))
+    assert len(storage.value_history(thread, "/n")) == 10  # indexed before compaction
+    Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
+
+    retention.compact_thread(thread=thread, keep_every=5)
+    storage.clear_caches()
+
+    found = [(c.branch, c.seq, c.old, c.new) for c in reversed(storage.value_history(thread, "/n"))]
+    assert found == every_change(thread, "/n")
+    assert len(found) < 10  # the removed checkpoints' changes now lie in the kept ones

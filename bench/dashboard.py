@@ -1,7 +1,8 @@
 """Dashboard benchmark: server time to render the thread page of a 10,000-checkpoint thread
 against a 10-checkpoint one (and of a 10,000-checkpoint thread with 5,000 events of its story
-interleaved: approvals asked and decided, runs queued, claimed and completed), and the diff page
-between two checkpoints 500 steps apart on a thread whose state is about 500 KB.
+interleaved: approvals asked and decided, runs queued, claimed and completed), the diff page
+between two checkpoints 500 steps apart on a thread whose state is about 500 KB, and a value's
+history (the API) on a thread of 10,000 checkpoints on three branches.
 
 Usage (from /work/main)::
 
@@ -138,6 +139,96 @@ def build_thread(
     return thread
 
 
+HISTORY_TARGET_MS = 100.0
+HISTORY_CHECKPOINTS = 10_000  # the history thread: main and two forks, 10,000 checkpoints in all
+HISTORY_CHANGES = 500  # /config/batch_size is set by the first checkpoint and changed 499 times more
+
+
+def build_history_thread() -> Any:
+    """A thread of 10,000 checkpoints on three branches (main, `retry` forked from main #2000 and
+    `tune` from main #4000), each appending a message and bumping /step; /config/batch_size changes at
+    every 20th checkpoint (500 changes counting the first checkpoint's), /config/model once."""
+    from checkpoints import storage
+    from checkpoints.models import Checkpoint, Thread
+    from quicksave_agents.keys import get_or_create_agent
+
+    agent = get_or_create_agent(name=AGENT)
+    external_id = "value-history-10k"
+    existing = Thread.objects.filter(agent=agent, external_id=external_id).first()
+    if existing is not None:
+        if Checkpoint.objects.filter(thread=existing).count() == HISTORY_CHECKPOINTS:
+            return existing
+        _drop_thread(existing.pk)
+    thread, _ = storage.create_thread(agent=agent, external_id=external_id, metadata={"bench": "value-history"})
+    started = time.perf_counter()
+    written = [0]
+
+    def step(parent: Any, branch: str, i: int) -> Any:
+        written[0] += 1
+        message = {"role": "assistant", "content": f"{branch} {i} " + "x" * 60}
+        patch: list[dict[str, Any]] = [
+            {"op": "add", "path": "/messages/-", "value": message},
+            {"op": "replace", "path": "/step", "value": i},
+        ]
+        if written[0] % 20 == 0 and written[0] < HISTORY_CHECKPOINTS:
+            patch.append({"op": "replace", "path": "/config/batch_size", "value": written[0]})
+        if branch == "main" and i == 3000:
+            patch.append({"op": "add", "path": "/config/model", "value": "bench-model-2"})
+        return storage.append_checkpoint(thread=thread, parent=parent, branch=branch, step=i, label="step", patch=patch)
+
+    written[0] = 1
+    parent = storage.append_checkpoint(
+        thread=thread, parent=None, step=0, label="start",
+        state={"messages": [], "step": 0, "config": {"batch_size": 1, "lr": 0.001}},
+    )  # fmt: skip
+    fork_points: dict[int, Any] = {}
+    for i in range(1, 6000):
+        parent = step(parent, "main", i)
+        if i in (2000, 4000):
+            fork_points[i] = parent
+    for name, at in (("retry", 2000), ("tune", 4000)):
+        storage.start_branch(thread=thread, at=fork_points[at], name=name)
+        forked = fork_points[at]
+        for i in range(2000):
+            forked = step(forked, name, at + 1 + i)
+    print(f"  built {external_id}: {written[0]:,} checkpoints in {time.perf_counter() - started:.1f} s", flush=True)
+    return thread
+
+
+def value_history_figures(client: Any, repeats: int) -> dict[str, Any]:
+    """Median time of GET /api/v1/threads/{id}/history/ for a path changed 500 times and one changed
+    once, on the 10,000-checkpoint thread, and the one-off cost of indexing the thread."""
+    from django.db import connection
+
+    from checkpoints.storage.history import value_history
+
+    thread = build_history_thread()
+    with connection.cursor() as cursor:  # the index is derived: drop it to time the first read
+        cursor.execute("DELETE FROM checkpoints_changedpath WHERE thread_id = %s", [thread.pk])
+        cursor.execute("DELETE FROM checkpoints_changedpathmark WHERE thread_id = %s", [thread.pk])
+    started = time.perf_counter()
+    changes = value_history(thread, "/config/batch_size")
+    first_read_ms = (time.perf_counter() - started) * 1000
+    once = value_history(thread, "/config/model")
+    if len(changes) != HISTORY_CHANGES or len(once) != 1:
+        raise RuntimeError(f"the history thread has {len(changes)} and {len(once)} changes, not {HISTORY_CHANGES}, 1")
+    base = f"/api/v1/threads/{thread.pk}/history/?path="
+    many_ms, once_ms = median_get_ms(client, [f"{base}/config/batch_size", f"{base}/config/model"], repeats)
+    print()
+    print(f"{'value history (API)':<26} {'data':<32} {'median ms':>10}  target")
+    print("-" * 86)
+    target = f"≤ {HISTORY_TARGET_MS:g} ms"
+    print(f"{'path changed 500 times':<26} {'10,000 checkpoints, 3 branches':<32} {many_ms:>10.1f}  {target}")
+    print(f"{'path changed once':<26} {'same thread':<32} {once_ms:>10.1f}  {target}")
+    print(f"{'first read (indexes)':<26} {'same thread, once':<32} {first_read_ms:>10.1f}  (one-off)")
+    print("(each request computes the whole history, all 500 changes, and returns its first page of 50)")
+    return {
+        "value_history_ms_500": round(many_ms, 2),
+        "value_history_ms_1": round(once_ms, 2),
+        "value_history_first_read_ms": round(first_read_ms, 1),
+    }
+
+
 def median_get_ms(client: Any, urls: list[str], repeats: int, *, before_each: Any = None) -> list[float]:
     """Median server time of GET for each of `urls` over `repeats` rounds, after a warm-up.
 
@@ -205,6 +296,8 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
     (diff_cold,) = median_get_ms(client, [diff_url], repeats, before_each=storage.clear_caches)
     (diff_warm,) = median_get_ms(client, [diff_url], repeats)
 
+    history = value_history_figures(client, repeats)
+
     ratio = long_ms / short_ms
     story_ratio = story_ms / short_ms
     rows = [
@@ -239,6 +332,7 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
         "diff_page_ms": round(diff_cold, 2),
         "diff_page_ms_warm": round(diff_warm, 2),
         "diff_state_kb": round(state_kb, 1),
+        **history,
     }  # fmt: skip
 
 

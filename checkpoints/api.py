@@ -3,6 +3,7 @@ validate, call the store or a selector, serialize."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 from urllib.parse import urlencode
@@ -47,6 +48,8 @@ from checkpoints.serializers import (
     ThreadSerializer,
     ToolResultPutSerializer,
     ToolResultSerializer,
+    ValueChangeSerializer,
+    ValueHistoryQuerySerializer,
     checkpoint_summary,
     parse_checkpoint_body,
 )
@@ -285,6 +288,73 @@ class CheckpointDiffView(APIView):
             raise ValidationError({"base": "The base checkpoint must be in the same thread."})
         patch = storage.diff(base=base.pk, target=target.pk)
         return Response({"base": str(base.pk), "target": str(target.pk), "patch": patch})
+
+
+# A value in a history's page larger than this (characters of JSON) is left out, so that the
+# history of a growing list is not a page of megabytes; the checkpoint's state has it.
+HISTORY_VALUE_CHARS = 64 * 1024
+_VALUE_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+
+
+class ValueHistoryView(APIView):
+    @extend_schema(
+        operation_id="v1_threads_history",
+        summary="A value's history",
+        description="The checkpoints, on every branch of the thread, where the value at `path` changed, newest "
+        "first, each with the value before (in its parent's state) and after. Read from the stored changes, "
+        "integrity-checked; the dashboard's diff of each is `/checkpoints/{checkpoint}/diff/`.",
+        parameters=[ValueHistoryQuerySerializer],
+        responses=inline_serializer(
+            "ValueHistoryPage",
+            {"results": ValueChangeSerializer(many=True), "next": serializers.URLField(allow_null=True)},
+        ),
+    )
+    def get(self, request: Request, thread_id: uuid.UUID) -> Response:
+        thread = get_thread_for(request.user, thread_id)
+        params = _query(ValueHistoryQuerySerializer, request)
+        limit = params["limit"]
+        try:
+            after = storage.decode_history_cursor(params["cursor"]) if params.get("cursor") is not None else None
+            changes = storage.value_history(thread, params["path"], after=after, limit=limit + 1)
+        except storage.InvalidPath as exc:
+            raise ValidationError({exc.detail.get("field", "path"): exc.message}) from None
+        next_url = None
+        if len(changes) > limit:
+            changes = changes[:limit]
+            query = urlencode({
+                "path": params["path"], "limit": limit, "cursor": storage.encode_history_cursor(changes[-1].position),
+            })  # fmt: skip
+            next_url = request.build_absolute_uri(f"{request.path}?{query}")
+        return Response({"results": [_value_change(change) for change in changes], "next": next_url})
+
+
+def _value_change(change: storage.ValueChange) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "checkpoint": str(change.checkpoint_id),
+        "parent": str(change.parent_id) if change.parent_id else None,
+        "branch": change.branch, "seq": change.seq, "step": change.step, "label": change.label,
+        "status": change.status, "created_at": change.created_at.isoformat().replace("+00:00", "Z"),
+        "change": change.change, "omitted": [],
+    }  # fmt: skip
+    for side, value in (("old", change.old), ("new", change.new)):
+        if value is storage.ABSENT:
+            body[side] = None
+        elif _small(value):
+            body[side] = value
+        else:
+            body[side] = None
+            body["omitted"].append(side)
+    return body
+
+
+def _small(value: Any) -> bool:
+    """Whether a value's JSON has at most HISTORY_VALUE_CHARS characters (encoding stops past them)."""
+    size = 0
+    for chunk in _VALUE_ENCODER.iterencode(value):
+        size += len(chunk)
+        if size > HISTORY_VALUE_CHARS:
+            return False
+    return True
 
 
 class ToolResultView(APIView):

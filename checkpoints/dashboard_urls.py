@@ -2,7 +2,7 @@
 
 from django.urls import path
 
-from checkpoints.views import actions, checkpoint, diff, exports, threads
+from checkpoints.views import actions, checkpoint, diff, exports, history, threads
 
 app_name = "dashboard"
 
@@ -10,6 +10,7 @@ urlpatterns = [
     path("", threads.thread_list, name="threads"),
     path("training-data/", exports.training_export, name="training-export"),
     path("threads/<uuid:thread_id>/", threads.thread_detail, name="thread"),
+    path("threads/<uuid:thread_id>/history/", history.value_history, name="value-history"),
     path("checkpoints/<uuid:checkpoint_id>/", checkpoint.checkpoint_detail, name="checkpoint"),
     path("checkpoints/<uuid:checkpoint_id>/diff/", diff.diff_page, name="diff"),
     path("checkpoints/<uuid:checkpoint_id>/fork/", actions.fork_checkpoint, name="fork"),

@@ -330,3 +330,42 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.type} #{self.seq}"
+
+
+class ChangedPath(models.Model):
+    """A JSON pointer (prefix) a checkpoint's stored change touched: the index behind a value's
+    history (`checkpoints/storage/history.py`), so a history reads only the patches that touched
+    the path asked about.
+
+    Derived data, filled by the first history read of a thread and extended by later ones; a
+    checkpoint of a thread's branches is indexed once its branch's `ChangedPathMark` has passed it.
+    `checkpoint_id` is no foreign key: compaction rewrites rows, and the marks find out (their MAC).
+    """
+
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+", db_index=False)
+    # Compared byte-wise, so every pointer under `/a` lies in one range, [`/a/`, `/a0`).
+    path = models.TextField(db_collation="C")
+    checkpoint_id = models.UUIDField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["thread", "path", "checkpoint_id"], name="changed_path_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.checkpoint_id} {self.path}"
+
+
+class ChangedPathMark(models.Model):
+    """How far a branch's checkpoints are indexed in `ChangedPath`: up to `seq`, whose checkpoint
+    had the MAC `integrity` then. A MAC chains from every row before it, so a mark whose checkpoint
+    no longer has that MAC (compaction rewrote the chain) sends the thread's index to be rebuilt."""
+
+    branch = models.OneToOneField(Branch, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+", db_index=False)
+    checkpoint_id = models.UUIDField()
+    seq = models.IntegerField()
+    integrity = models.BinaryField(max_length=32)
+
+    def __str__(self) -> str:
+        return f"branch {self.branch_id} indexed to {self.seq}"

@@ -233,6 +233,44 @@ class DiffQuerySerializer(serializers.Serializer[Any]):
     base = serializers.UUIDField(required=False)
 
 
+class ValueHistoryQuerySerializer(serializers.Serializer[Any]):
+    """The query of GET /threads/{id}/history/."""
+
+    path = serializers.CharField(
+        allow_blank=True, trim_whitespace=False, max_length=4000,
+        help_text="RFC 6901 JSON pointer of the value, e.g. `/config/batch_size` (empty: the whole state).",
+    )  # fmt: skip
+    limit = serializers.IntegerField(
+        required=False, default=50, min_value=1, max_value=200, help_text="Changes per page (1 to 200, default 50)."
+    )
+    cursor = serializers.CharField(required=False, help_text="The `next` link's cursor, for the following page.")
+
+
+class ValueChangeSerializer(serializers.Serializer[Any]):
+    """One change in a value's history (ValueHistoryView builds the body)."""
+
+    checkpoint = serializers.UUIDField(help_text="The checkpoint whose change this is.")
+    parent = serializers.UUIDField(allow_null=True, help_text="Its parent: the diff's base.")
+    branch = serializers.CharField()
+    seq = serializers.IntegerField()
+    step = serializers.IntegerField(allow_null=True)
+    label = serializers.CharField()  # type: ignore[assignment]
+    status = serializers.ChoiceField(choices=CheckpointStatus.choices)
+    created_at = serializers.DateTimeField()
+    change = serializers.ChoiceField(
+        choices=["added", "removed", "changed"],
+        help_text="`added`: the path did not exist before (`old` is null); `removed`: it no longer exists "
+        "(`new` is null); `changed`: both exist and differ.",
+    )
+    old = serializers.JSONField(allow_null=True, help_text="The value in the parent's state.")
+    new = serializers.JSONField(allow_null=True, help_text="The value in this checkpoint's state.")
+    omitted = serializers.ListField(
+        child=serializers.ChoiceField(choices=["old", "new"]),
+        help_text="Sides left out (null above) because the value is larger than 64 KB of JSON; read them from "
+        "the checkpoint's state.",
+    )
+
+
 class ToolResultSerializer(serializers.ModelSerializer[ToolResult]):
     result = serializers.JSONField(read_only=True)
     checkpoint = serializers.UUIDField(source="checkpoint_id", allow_null=True)

@@ -6,6 +6,7 @@ urlpatterns = [
     path("threads/", api.ThreadListView.as_view(), name="api-threads"),
     path("threads/<uuid:thread_id>/", api.ThreadDetailView.as_view(), name="api-thread"),
     path("threads/<uuid:thread_id>/checkpoints/", api.CheckpointListView.as_view(), name="api-checkpoints"),
+    path("threads/<uuid:thread_id>/history/", api.ValueHistoryView.as_view(), name="api-thread-history"),
     path("threads/<uuid:thread_id>/export/", api.ThreadExportView.as_view(), name="api-thread-export"),
     path("threads/<uuid:thread_id>/tool-results/<str:key>/", api.ToolResultView.as_view(), name="api-tool-result"),
     path("checkpoints/<uuid:checkpoint_id>/", api.CheckpointDetailView.as_view(), name="api-checkpoint"),

@@ -53,6 +53,7 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/threads/{thread}/checkpoints/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/threads/{thread}/checkpoints/", CHECKPOINT, (201, 404, 403, 403, 201, 401)),
     ("GET", "/api/v1/threads/{thread}/export/", None, (200, 404, 200, 200, 200, 401)),
+    ("GET", "/api/v1/threads/{thread}/history/?path=/n", None, (200, 404, 200, 200, 200, 401)),
     # Training exports: every reader gets a file, scoped to the threads it may read (tested in test_trajectories).
     ("GET", "/api/v1/exports/fine-tuning/", None, (200, 200, 200, 200, 200, 401)),
     ("GET", "/api/v1/exports/preferences/", None, (200, 200, 200, 200, 200, 401)),
@@ -103,6 +104,7 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/threads/{thread}/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/checkpoints/{head}/", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/checkpoints/{head}/diff/", None, (302, 302, 200, 200, 200, 302)),
+    ("GET", "/threads/{thread}/history/?path=/n", None, (302, 302, 200, 200, 200, 302)),
     ("GET", "/checkpoints/{first}/fork/", None, (302, 302, 403, 403, 200, 302)),
     ("POST", "/checkpoints/{first}/fork/", {"reason": "try again", "step": "review"}, (302, 302, 403, 403, 200, 302)),
     ("GET", "/checkpoints/{first}/rerun/", None, (302, 302, 403, 403, 200, 302)),

@@ -1,7 +1,8 @@
 """How the dashboard shows a state and the change between two states: the checkpoint page's
-collapsible tree, the diff page's items and its picker, as plain data for the templates
-(templates/checkpoints/_state_tree.html, _word_diff.html, _picker_options.html, which do all
-markup and escaping). Pure functions over JSON values, no database.
+collapsible tree, the diff page's items and its picker, a value's history, as plain data for the
+templates (templates/checkpoints/_state_tree.html, _word_diff.html, _fold_value.html,
+_picker_options.html, value_history.html, which do all markup and escaping). Pure functions over
+JSON values, no database.
 
 Everything here is bounded by what it displays, not by the size of the state: a diff
 costs O(size of the change) and a page never renders more than its budgets allow.
@@ -15,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from checkpoints.storage import ABSENT, ValueChange
 from checkpoints.storage.jsonpatch import PatchError, format_pointer, parse_pointer
 
 Kind = Literal["added", "removed", "changed"]
@@ -35,6 +37,14 @@ EQUAL_CONTEXT = 160
 # SequenceMatcher is quadratic in the worst case; above this many tokens on the two sides
 # of the changed middle, the middle is shown as one deletion and one insertion.
 WORD_DIFF_TOKENS = 3_000
+
+# A value whose indented JSON is longer than this, or has more lines, is folded behind a preview.
+FOLD_CHARS = 800
+FOLD_LINES = 16
+# Characters of a folded value's one-line preview.
+PREVIEW_CHARS = 140
+# A run of list appends (or removals) this long or shorter is shown open; longer ones start folded.
+RUN_OPEN = 20
 
 # The checkpoint page's tree: more nodes than this and the page offers raw JSON only.
 TREE_NODES = 2_000
@@ -63,6 +73,21 @@ class Shown:
     truncated: bool = False
     # Not shown at all: the page's display budget ran out before this value.
     omitted: bool = False
+
+    @property
+    def folded(self) -> bool:
+        """Long enough to fold behind its preview: the page stays readable, the value one click away."""
+        return len(self.text) > FOLD_CHARS or self.text.count("\n") >= FOLD_LINES
+
+    @property
+    def preview(self) -> str:
+        """The value's start on one line, whitespace runs collapsed."""
+        line = " ".join(self.text[: PREVIEW_CHARS * 4].split())
+        return line if len(line) <= PREVIEW_CHARS else line[: PREVIEW_CHARS - 1] + "…"
+
+    @property
+    def lines(self) -> str:
+        return f"{self.text.count(chr(10)) + 1:,}"
 
 
 def pretty(value: Any, *, limit: int = VALUE_CHARS) -> Shown:
@@ -295,6 +320,16 @@ class DiffItem:
     def more_values(self) -> int:
         return self.count - len(self.values)
 
+    @property
+    def open(self) -> bool:
+        """Whether a run starts open: short runs show their values at once."""
+        return self.count <= RUN_OPEN
+
+    @property
+    def folded(self) -> bool:
+        """Whether either side of a changed or added value is long enough to fold."""
+        return bool((self.base and self.base.folded) or (self.target and self.target.folded))
+
 
 @dataclass(slots=True)
 class DiffView:
@@ -476,6 +511,37 @@ def _plural(noun: str, count: int) -> str:
     return f"{noun} items" if count != 1 else f"{noun} item"
 
 
+# --------------------------------------------------------------------------- a value's history
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryRow:
+    """One change of a value's history page: its checkpoint, and the value before and after
+    (None where the path did not exist), or a word diff of a long string changed."""
+
+    change: ValueChange
+    old: Shown | None
+    new: Shown | None
+    segments: list[Segment] | None = None
+
+
+def history_rows(changes: list[ValueChange]) -> list[HistoryRow]:
+    """The changes as the history page shows them, within the page's display budget."""
+    budget = _Budget(PAGE_CHARS)
+    rows: list[HistoryRow] = []
+    for change in changes:
+        old, new = change.old, change.new
+        if isinstance(old, str) and isinstance(new, str) and max(len(old), len(new)) > LONG_STRING and budget.left > 0:
+            segments = word_diff(old, new)
+            budget.left -= sum(len(segment.text) for segment in segments)
+            rows.append(HistoryRow(change, None, None, segments))
+            continue
+        rows.append(HistoryRow(
+            change, None if old is ABSENT else budget.show(old), None if new is ABSENT else budget.show(new)
+        ))  # fmt: skip
+    return rows
+
+
 # --------------------------------------------------------------------------- picker
 
 
@@ -488,17 +554,13 @@ class PickerOption:
     text: str
 
 
-def picker_groups(groups: list[tuple[str, list[PickerOption]]], *, selected: Any) -> list[dict[str, Any]]:
-    """One select's <optgroup>s and <option>s (templates/checkpoints/_picker_options.html), with
-    `selected` marked. Dicts, not the dataclass: the template engine tries a key before an
-    attribute, and a select may offer hundreds of options."""
+def picker_groups(groups: list[tuple[str, list[PickerOption]]]) -> list[dict[str, Any]]:
+    """The pickers' <datalist> options (templates/checkpoints/_picker_options.html), branch by
+    branch, each as "<branch> #<seq> <label>": what a person searches by, and what the page reads
+    back (views/diff.py). Dicts, not the dataclass: the template engine tries a key before an
+    attribute, and a list may offer hundreds of options."""
     return [
-        {
-            "branch": branch,
-            "options": [
-                {"value": str(option.id), "text": option.text, "selected": option.id == selected} for option in options
-            ],
-        }
+        {"branch": branch, "options": [{"value": str(option.id), "text": option.text} for option in options]}
         for branch, options in groups
     ]
 

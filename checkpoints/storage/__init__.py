@@ -7,14 +7,14 @@ integrity MAC chained from its parent's, and what saves replays (this process's 
 each branch's materialised head in PostgreSQL).
 
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
-approvals) use the names below: append, read a state, diff, the thread and branch writes, the
-tool-result cache, and for lifecycle work the payload primitives, integrity checks and
-`rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
-internal; the primitives a few callers need by module are `codec` (framing and MACs, and
-`keyed_digest` for records outside the chain), `crypto` (sealing a value to its row, under a
-thread's key or, with `wrap_key` and `seal_with`, a key the caller keeps: memory's namespaces),
-`jsonpatch` (RFC 6902), `lru` (the one cache helper),
-`blobs` (reading an offloaded value) and `lent_connection`.
+approvals) use the names below: append, read a state, diff, a value's history (`history`, with
+its `_changedpath` index), the thread and branch writes, the tool-result cache, and for lifecycle
+work the payload primitives, integrity checks and `rewrite_chain` (compaction's only way to change
+stored rows). The modules behind them are internal; the primitives a few callers need by module
+are `codec` (framing and MACs, and `keyed_digest` for records outside the chain), `crypto`
+(sealing a value to its row, under a thread's key or, with `wrap_key` and `seal_with`, a key the
+caller keeps: memory's namespaces), `jsonpatch` (RFC 6902), `lru` (the one cache helper), `blobs`
+(reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
@@ -26,6 +26,7 @@ from checkpoints.storage.branches import MAIN_BRANCH, branch_head, get_branch_na
 from checkpoints.storage.errors import (
     IntegrityFailure,
     InvalidPatch,
+    InvalidPath,
     InvalidState,
     NotFound,
     StaleParent,
@@ -33,6 +34,9 @@ from checkpoints.storage.errors import (
     StoreError,
 )
 from checkpoints.storage.garbage import Collected, collect_garbage
+from checkpoints.storage.history import ABSENT, ValueChange, value_history
+from checkpoints.storage.history import decode_cursor as decode_history_cursor
+from checkpoints.storage.history import encode_cursor as encode_history_cursor
 from checkpoints.storage.nodes import Node
 from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
 from checkpoints.storage.reads import (
@@ -66,6 +70,7 @@ from checkpoints.storage.tool_results import (
 from checkpoints.storage.verify import Problem, mac_matches, verify_thread
 
 __all__ = [
+    "ABSENT",
     "MAIN_BRANCH",
     "MAX_KEY_LENGTH",
     "MAX_TOOL_LENGTH",
@@ -73,6 +78,7 @@ __all__ = [
     "Collected",
     "IntegrityFailure",
     "InvalidPatch",
+    "InvalidPath",
     "InvalidState",
     "Node",
     "NotFound",
@@ -81,6 +87,7 @@ __all__ = [
     "StaleParent",
     "StateTooLarge",
     "StoreError",
+    "ValueChange",
     "add_tool_results",
     "append_checkpoint",
     "branch_head",
@@ -88,9 +95,11 @@ __all__ = [
     "clone",
     "collect_garbage",
     "create_thread",
+    "decode_history_cursor",
     "decode_payload",
     "delete_thread",
     "diff",
+    "encode_history_cursor",
     "encode_payload",
     "events_after",
     "get_branch_name",
@@ -109,5 +118,6 @@ __all__ = [
     "state_at",
     "tool_key",
     "valid_key",
+    "value_history",
     "verify_thread",
 ]

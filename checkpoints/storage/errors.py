@@ -52,3 +52,11 @@ class IntegrityFailure(StoreError):
 
     code = "integrity_failure"
     status = 500
+
+
+class InvalidPath(StoreError):
+    """A value's history asked of something that is not an RFC 6901 pointer (or a page cursor it
+    did not hand out); `detail["field"]` names the parameter."""
+
+    code = "invalid"
+    status = 400

@@ -12,6 +12,7 @@ from uuid import UUID
 from django.db.models import Q, Subquery
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
+from django.urls import reverse
 
 from checkpoints import selectors, storage
 from checkpoints.access import get_checkpoint_for, get_thread_for
@@ -55,6 +56,8 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "failure": failure,
         "tree": tree,
         "tree_nodes": f"{diffview.TREE_NODES:,}",
+        # Each tree node links here with its JSON pointer appended.
+        "history_url": f"{reverse('dashboard:value-history', args=[thread.pk])}?from={checkpoint.pk}&path=",
         "raw": diffview.pretty(shown, limit=RAW_CHARS) if shown is not None else None,
         "large_values": large,
         "offload_limit": blobs.limit(),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlencode
 from uuid import UUID
 
@@ -30,8 +31,8 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     view = request.GET.get("view") or "unified"
     if view not in VIEWS:
         raise BadRequest(f"The view parameter must be {' or '.join(VIEWS)}.")
-    base_id = _checkpoint_param(request, "base")
-    picked = _checkpoint_param(request, "target")
+    base_id = _checkpoint_param(request, "base", target)
+    picked = _checkpoint_param(request, "target", target)
     if picked is not None and picked != target.pk:
         # The picker form sends both ends; the target lives in the path, so move there.
         other = _same_thread(request, picked, target, "target")
@@ -66,22 +67,45 @@ def diff_page(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
         "failure": failure,
         "view": view,
         "views": VIEWS,
-        "base_options": diffview.picker_groups(picker, selected=base.pk if base is not None else None),
-        "target_options": diffview.picker_groups(picker, selected=target.pk),
+        "options": diffview.picker_groups(picker),
+        "picker_per_branch": PICKER_PER_BRANCH,
+        "base_text": _option(base.branch.name, base.pk, base.seq, base.label).text if base is not None else "",
+        "target_text": _option(target.branch.name, target.pk, target.seq, target.label).text,
         # The view switch keeps the compared pair.
         "base_query": f"base={base.pk}&" if base is not None else "",
     }
     return render(request, "checkpoints/diff.html", context)
 
 
-def _checkpoint_param(request: HttpRequest, name: str) -> UUID | None:
+# What the pickers offer and a person types: "<branch> #<seq>", then the label if any; "#12" is on
+# the compared checkpoint's branch.
+_PICKED = re.compile(r"\s*(?:(?P<branch>\S.*?)\s+)?#(?P<seq>\d{1,9})(?:\s.*)?", re.DOTALL)
+
+
+def _checkpoint_param(request: HttpRequest, name: str, target: Checkpoint) -> UUID | None:
+    """The checkpoint a picker names: its id, or its branch and number as the picker shows them."""
     raw = request.GET.get(name, "").strip()
     if not raw:
         return None
     try:
         return UUID(raw)
     except ValueError:
-        raise BadRequest(f"The {name} parameter must be a checkpoint id (a UUID), not {raw[:80]!r}.") from None
+        pass
+    picked = _PICKED.fullmatch(raw) if "\x00" not in raw else None
+    if picked is None:
+        raise BadRequest(
+            f"The {name} must be a checkpoint of this thread as the list offers it ('main #12', or '#12' on "
+            f"{target.branch.name}) or its id; {raw[:80]!r} is neither."
+        )
+    branch = picked["branch"] or target.branch.name
+    found = (
+        Checkpoint.objects.filter(thread_id=target.thread_id, branch__name=branch, seq=int(picked["seq"]))
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if found is None:
+        raise BadRequest(f"This thread has no checkpoint #{picked['seq']} on a branch named {branch[:100]!r}.")
+    return found
 
 
 def _same_thread(request: HttpRequest, checkpoint_id: UUID, target: Checkpoint, name: str) -> Checkpoint:

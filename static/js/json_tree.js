@@ -1,7 +1,8 @@
 // A state tree (templates/checkpoints/_state_tree.html): its "copy path" buttons copy a node's JSON
 // pointer, and the tree is one Tab stop: arrow keys move between its
-// nodes, Right and Left open and close them, and "c" copies the focused node's JSON pointer (its
-// "copy path" button, which the mouse still reaches). Before, every node's button was a Tab stop
+// nodes, Right and Left open and close them, "c" copies the focused node's JSON pointer (its
+// "copy path" button, which the mouse still reaches) and "h" opens its value's history (its
+// "history" link, where the page offers one). Before, every node's button was a Tab stop
 // of its own: ninety to get past a modest state.
 
 function visibleNodes(tree) {
@@ -21,7 +22,7 @@ export function navigableTree(tree) {
   const nodes = [...tree.querySelectorAll("summary, li.leaf")];
   if (nodes.length === 0) return;
   for (const node of nodes) node.tabIndex = -1;
-  for (const button of tree.querySelectorAll(".copy-path")) button.tabIndex = -1;
+  for (const button of tree.querySelectorAll(".copy-path, .value-history")) button.tabIndex = -1;
   nodes[0].tabIndex = 0;
 
   tree.addEventListener("focusin", (event) => {
@@ -52,6 +53,10 @@ export function navigableTree(tree) {
       else target = (details ?? node).parentElement.closest("details")?.querySelector(":scope > summary") ?? null;
     } else if (event.key === "c") {
       node.querySelector(":scope > .copy-path")?.click();
+    } else if (event.key === "h") {
+      const link = node.querySelector(":scope > .value-history");
+      if (!link) return;
+      window.location.assign(link.href);
     } else {
       return; // Enter and Space fold a node as a summary always does; j / k still step checkpoints
     }

@@ -147,12 +147,70 @@ def test_the_default_base_is_the_parent(page_client: Client, trip: list[Checkpoi
     assert '<span class="count-changed"><strong>2</strong> changed</span>' in html
 
 
-def test_appends_to_a_list_are_summarised_and_expandable(page_client: Client, trip: list[Checkpoint]) -> None:
+def test_appends_to_a_list_are_summarised_and_shown_open(page_client: Client, trip: list[Checkpoint]) -> None:
     html = page_client.get(url(trip[1])).content.decode()
 
     assert diff_blocks(html) == [("added", "/messages")]
-    assert '<details class="run added">\n        <summary>+3 messages</summary>' in html
+    # Open: what was added (a failure message, say) is visible without a click.
+    assert '<details class="run added" open>\n        <summary>+3 messages</summary>' in html
     assert "/messages/1" in html and "/messages/3" in html and "reply 2" in html
+
+
+def test_a_long_run_of_appends_starts_folded(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"log": []})
+    appends = [{"op": "add", "path": "/log/-", "value": i} for i in range(25)]
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=appends)
+
+    html = page_client.get(url(second)).content.decode()
+
+    assert '<details class="run added">\n        <summary>+25 log items</summary>' in html
+
+
+def test_values_show_up_to_a_size_and_longer_ones_fold_behind_a_preview(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"report": {"status": "ok"}})
+    second = storage.append_checkpoint(thread=thread, parent=first, patch=[
+        {"op": "replace", "path": "/report/status", "value": "failed"},
+        {"op": "add", "path": "/report/trace", "value": [f"frame {i}: in migrate()" for i in range(40)]},
+    ])  # fmt: skip
+
+    html = page_client.get(url(second)).content.decode()
+
+    assert ('<pre class="value new"><span class="sign" aria-hidden="true">+</span><span class="sr-only">After: </span>'
+            "&quot;failed&quot;</pre>") in html  # fmt: skip
+    assert re.search(r'<details class="fold new"><summary><span class="sr-only">After: </span>'
+                     r'<code class="preview">\[ &quot;frame 0: in migrate\(\)&quot;, &quot;frame 1', html)  # fmt: skip
+    assert "42 lines · show all" in html
+    assert "frame 39: in migrate()" in html  # the whole value is on the page, one click away
+
+
+def test_side_by_side_rows_line_up_with_an_empty_cell_not_a_dash(page_client: Client, trip: list[Checkpoint]) -> None:
+    html = page_client.get(url(trip[1], "view=split")).content.decode()
+
+    shown = html[html.index('<div id="diff"') :]
+    assert "—" not in shown
+    rows = re.findall(
+        r'<div class="split listed">\s*<div><div class="side-empty"><span class="sr-only">Not in the base'
+        r'</span></div></div>\s*<div><code class="small muted">(/messages/\d)</code><pre class="value new">',
+        shown,
+    )
+    assert rows == ["/messages/1", "/messages/2", "/messages/3"]
+
+
+def test_side_by_side_long_values_fold_together(page_client: Client, thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"rows": [{"n": i} for i in range(30)]})
+    kept = [{"n": i} for i in range(30)]
+    second = storage.append_checkpoint(thread=thread, parent=first, state={"rows": {"count": 30, "kept": kept}})
+
+    html = page_client.get(url(second, "view=split")).content.decode()
+
+    folded = re.search(
+        r'<details class="fold split-fold">\s*<summary><span class="split"><span><code class="preview">'
+        r'\[ \{.*?</span><span><code class="preview">\{ &quot;count&quot;.*?</summary>\s*<div class="split">'
+        r'\s*<div><pre class="value old">.*?</pre></div>\s*<div><pre class="value new">',
+        html,
+        re.S,
+    )
+    assert folded is not None
 
 
 def test_long_strings_are_marked_word_by_word(page_client: Client, trip: list[Checkpoint]) -> None:
@@ -183,7 +241,7 @@ def test_any_two_checkpoints_compare_in_either_direction(page_client: Client, tr
     html = page_client.get(url(trip[0], f"base={trip[2].pk}")).content.decode()
 
     assert "<title>Diff #3 → #1 · trip-1 · Quicksave</title>" in html
-    assert '<details class="run removed">\n        <summary>\u22123 messages</summary>' in html
+    assert '<details class="run removed" open>\n        <summary>\u22123 messages</summary>' in html
     assert "<del>Tuesday</del><ins>Monday</ins>" in html
 
 
@@ -194,7 +252,7 @@ def test_the_first_checkpoint_gets_a_friendly_page_with_the_picker(page_client: 
     html = response.content.decode()
     assert "#1 is the first checkpoint" in html
     assert '<form id="diff-picker"' in html
-    assert '<option value="" disabled selected>Choose a checkpoint…</option>' in html
+    assert '<input id="pick-base" name="base" list="checkpoint-options" value="" required' in html
 
 
 def test_values_are_escaped(page_client: Client, thread: Thread) -> None:
@@ -238,14 +296,49 @@ def test_the_picker_offers_every_branch(page_client: Client, trip: list[Checkpoi
 
     picker = re.search(r'<form id="diff-picker".*?</form>', html, re.S)
     assert picker is not None
-    base_select = re.search(r'<select id="pick-base" name="base".*?</select>', picker.group(0), re.S)
-    target_select = re.search(r'<select id="pick-target" name="target".*?</select>', picker.group(0), re.S)
-    assert base_select is not None and target_select is not None
-    for select in (base_select.group(0), target_select.group(0)):
-        assert '<optgroup label="main">' in select and '<optgroup label="cheaper-hotel">' in select
-        assert f'<option value="{forked.pk}">cheaper-hotel #1 hostel</option>' in select
-    assert f'<option value="{trip[1].pk}" selected>main #2 search</option>' in base_select.group(0)
-    assert f'<option value="{trip[2].pk}" selected>main #3 revise</option>' in target_select.group(0)
+    options = re.search(r'<datalist id="checkpoint-options">(.*?)</datalist>', picker.group(0), re.S)
+    assert options is not None
+    offered = re.findall(r'<option value="([^"]*)"></option>', options.group(1))
+    assert offered == ["main #3 revise", "main #2 search", "main #1 start", "cheaper-hotel #1 hostel"]
+    # Both ends are searchable text inputs over that one list, filled with the pair compared.
+    assert '<input id="pick-base" name="base" list="checkpoint-options" value="main #2 search"' in html
+    assert '<input id="pick-target" name="target" list="checkpoint-options" value="main #3 revise"' in html
+
+
+@pytest.mark.parametrize(
+    ("query", "base_seq"),
+    [("base=main %232 search", 2), ("base=%231", 1), ("base=main %231", 1), ("base=  main  %232  ", 2)],
+)
+def test_a_checkpoint_is_picked_by_branch_and_number(
+    page_client: Client, trip: list[Checkpoint], query: str, base_seq: int
+) -> None:
+    html = page_client.get(url(trip[2], query)).content.decode()
+
+    assert f'<a class="pill" href="/checkpoints/{trip[base_seq - 1].pk}/"><span class="muted">base</span>' in html
+
+
+def test_a_target_picked_by_text_on_another_branch_redirects_to_its_diff(
+    page_client: Client, trip: list[Checkpoint], forked: Checkpoint
+) -> None:
+    response = page_client.get(url(trip[2], "base=main %231&target=cheaper-hotel %231 hostel&view=split"))
+
+    assert response.status_code == 302
+    assert response["Location"] == url(forked, f"base={trip[0].pk}&view=split")
+
+
+@pytest.mark.parametrize(
+    ("query", "message"),
+    [("base=main %2399", b"no checkpoint #99 on a branch named"), ("base=nowhere %231", b"named &#x27;nowhere&#x27;"),
+     ("base=plan", b"as the list offers it"), ("base=ma%00in %231", b"as the list offers it"),
+     ("base=main %239999999999", b"as the list offers it")],
+)  # fmt: skip
+def test_a_picked_text_that_names_no_checkpoint_is_a_400_saying_so(
+    page_client: Client, trip: list[Checkpoint], query: str, message: bytes
+) -> None:
+    response = page_client.get(url(trip[2], query))
+
+    assert response.status_code == 400
+    assert message in response.content
 
 
 def test_picking_another_target_redirects_to_its_diff(

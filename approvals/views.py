@@ -95,6 +95,8 @@ def inbox(request: HttpRequest) -> HttpResponse:
         ordered = approvals.annotate(at=Coalesce("decided_at", "created_at")).order_by("-at", "-id")
         if after is not None:
             ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
+    if status != ApprovalStatus.PENDING:
+        ordered = selectors.with_next_checkpoint(ordered)
     rows = list(ordered[: INBOX_SIZE + 1])
     shown = rows[:INBOX_SIZE]
     following = PageLinkField.link(shown[-1].at, shown[-1].pk) if len(rows) > INBOX_SIZE else None  # `at`: annotated
@@ -232,12 +234,9 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
     if approval.status == ApprovalStatus.PENDING:
         return None
     run = Run.objects.filter(approval=approval).order_by("-created_at").first()
-    child = (
-        Checkpoint.objects.defer("payload")
-        .filter(thread_id=approval.thread_id, parent_id=approval.checkpoint_id)
-        .order_by("created_at")
-        .first()
-    )
+    following = selectors.with_next_checkpoint(ApprovalRequest.objects.filter(pk=approval.pk))
+    next_id = following.values_list("next_checkpoint_id", flat=True).first()
+    child = Checkpoint.objects.defer("payload").filter(pk=next_id).first() if next_id else None
     return NextStep(run=run, checkpoint=child)
 
 

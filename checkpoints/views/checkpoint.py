@@ -16,7 +16,7 @@ from django.shortcuts import render
 from checkpoints import selectors, storage
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
-from checkpoints.presentation import diffview
+from checkpoints.presentation import conversation, diffview
 from checkpoints.storage import blobs
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.views import actions, thread_label, viewer_required
@@ -54,6 +54,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "storage": PayloadKind(checkpoint.kind).label,
         "failure": failure,
         "tree": tree,
+        "conversations": conversation.conversations(shown) if shown is not None else [],
         "tree_nodes": f"{diffview.TREE_NODES:,}",
         "raw": diffview.pretty(shown, limit=RAW_CHARS) if shown is not None else None,
         "large_values": large,

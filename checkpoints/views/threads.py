@@ -72,7 +72,8 @@ def thread_list(request: HttpRequest) -> HttpResponse:
     context = {
         "nav": "threads",
         "form": form,
-        "threads": rows,
+        # (thread, what it waits on or how its latest approval ended): one query for the page.
+        "threads": _with_outcomes(rows),
         "counts": [(value, label, counts.get(value, 0)) for value, label in ThreadStatus.choices],
         "total": sum(counts.values()),
         "agents": Agent.objects.order_by("name").values_list("name", flat=True),
@@ -88,6 +89,13 @@ def thread_list(request: HttpRequest) -> HttpResponse:
         "first_query": first_query,
     }
     return render(request, "checkpoints/thread_list.html", context)
+
+
+def _with_outcomes(rows: list[Thread]) -> list[tuple[Thread, Any]]:
+    from approvals.selectors import thread_outcomes
+
+    outcomes = thread_outcomes([thread.pk for thread in rows])
+    return [(thread, outcomes.get(thread.pk)) for thread in rows]
 
 
 def _with(request: HttpRequest, **changes: str) -> str:

@@ -4,14 +4,14 @@ did next after a decision, and what each thread of a list waits on or ended with
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models import Count, Exists, JSONField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models.functions import JSONObject, Left
 
 from approvals.models import (
     ApprovalKind,
@@ -24,7 +24,7 @@ from approvals.models import (
     PolicyVersion,
     Resolution,
 )
-from checkpoints.models import Checkpoint
+from checkpoints.models import Checkpoint, Thread
 from quicksave.roles import ADMIN, REVIEWER, role_of
 
 
@@ -146,22 +146,38 @@ _OUTCOME_TONES = {
 }
 
 
-_OUTCOME_FIELDS = ("id", "thread_id", "kind", "action", "status", "resolution", "args_edited", "comment",
-                   "decided_at", "created_at", "decided_by__username", "rule__name")  # fmt: skip
+# Characters of a decision's comment the thread list keeps (in a title).
+OUTCOME_COMMENT_CHARS = 300
 
 
-def thread_outcomes(thread_ids: Collection[UUID]) -> dict[UUID, Outcome]:
-    """For each of `thread_ids` with an approval or in-doubt call: the one pending (a thread waits on
-    one at a time), else how the newest one ended. One query, whatever the number of threads."""
-    if not thread_ids:
-        return {}
-    rows = (
-        ApprovalRequest.objects.filter(thread_id__in=list(thread_ids))
-        .order_by("thread_id", "-created_at", "-id")
-        .distinct("thread_id")
-        .values(*_OUTCOME_FIELDS)
-    )
-    return {row["thread_id"]: _outcome(row) for row in rows}
+def with_outcome(threads: QuerySet[Thread]) -> QuerySet[Thread]:
+    """`threads` annotated with `latest_approval`: their newest approval or in-doubt call (the one
+    pending, if any: a thread waits on one at a time) as a JSON object, read with `outcome_of`.
+    A subquery in the threads' own query, on the approvals' thread index: no query of its own."""
+    latest = (
+        ApprovalRequest.objects.filter(thread_id=OuterRef("pk"))
+        .order_by("-created_at", "-id")
+        .values(
+            summary=JSONObject(
+                id="id", kind="kind", action="action", status="status", resolution="resolution",
+                args_edited="args_edited", comment=Left("comment", OUTCOME_COMMENT_CHARS),
+                decided_at="decided_at", created_at="created_at",
+                decided_by__username="decided_by__username", rule__name="rule__name",
+            )
+        )[:1]
+    )  # fmt: skip
+    return threads.annotate(latest_approval=Subquery(latest, output_field=JSONField()))
+
+
+def outcome_of(thread: Thread) -> Outcome | None:
+    """What a thread read through `with_outcome` waits on, or how its newest approval ended."""
+    row = getattr(thread, "latest_approval", None)
+    if not isinstance(row, dict):
+        return None
+    for name in ("decided_at", "created_at"):
+        row[name] = datetime.fromisoformat(row[name]) if row.get(name) else None
+    row["id"] = UUID(str(row["id"]))
+    return _outcome(row)
 
 
 def _outcome(row: dict[str, Any]) -> Outcome:

@@ -12,13 +12,16 @@ under one advisory lock and checked under it.
 from __future__ import annotations
 
 import secrets
+import smtplib
 
 from django.contrib.auth import password_validation
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import User
 from django.core.exceptions import ValidationError
+from django.core.mail import send_mail
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
+from django.template.loader import render_to_string
 from django.utils import timezone
 
 from audit import trail
@@ -90,6 +93,21 @@ def create_person(
     except IntegrityError:  # the same name, added a moment ago by another admin
         raise PeopleError(f"User name: someone is already called {username!r}.", field="username") from None
     return user, password
+
+
+def send_invitation(*, actor: User, user: User, sign_in_url: str, address: str | None = None) -> None:
+    """Email `user` where to sign in and their user name; never the password, which the admin hands
+    over another way. Sent outside any transaction; PeopleError says why it could not be."""
+    if not user.email:
+        raise PeopleError(f"Email: {user.get_username()} has no email address to invite.", field="email")
+    context = {"person": user, "actor": actor, "sign_in_url": sign_in_url}
+    try:
+        send_mail(subject="You have a Quicksave account", message=render_to_string("people/invitation.txt", context),
+                  from_email=None, recipient_list=[user.email])  # fmt: skip
+    except (OSError, smtplib.SMTPException) as exc:
+        raise PeopleError(f"The invitation to {user.email} could not be sent: {exc}", field="email") from None
+    trail.record(actor=actor, action="user.invite", target_type="user", target_id=user.get_username(),
+                 after={"email": user.email}, address=address)  # fmt: skip
 
 
 @transaction.atomic

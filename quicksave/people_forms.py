@@ -33,6 +33,11 @@ class NewPersonForm(forms.Form):
         "their own when they first sign in.",
     )
 
+    invite = forms.BooleanField(
+        label="Email them an invitation", required=False,
+        help_text="Where to sign in and their user name (not the password: give them that yourself).",
+    )  # fmt: skip
+
     def clean_username(self) -> str:
         name: str = self.cleaned_data["username"].strip()
         if problem := username_problem(name):
@@ -43,6 +48,8 @@ class NewPersonForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if data.get("invite") and not data.get("email") and "email" not in self.errors:
+            self.add_error("email", "Email: give an address to send the invitation to.")
         password = data.get("password")
         if password:
             candidate = User(username=data.get("username", ""), email=data.get("email", ""))

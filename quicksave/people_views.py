@@ -104,6 +104,13 @@ def person_new(request: HttpRequest) -> HttpResponse:
         except people.PeopleError as exc:
             form.add_error(exc.field, exc.message)
         else:
+            if data["invite"]:
+                try:
+                    people.send_invitation(actor=_actor(request), user=user, address=client_address(request),
+                                           sign_in_url=request.build_absolute_uri(reverse("login")))  # fmt: skip
+                    messages.success(request, f"The invitation is on its way to {user.email}.")
+                except people.PeopleError as exc:
+                    messages.error(request, exc.message)
             context = {"nav": "people", "person": user, "role": data["role"], "password": password, "new": True}
             return render(request, "people/password_once.html", context)
     status = 400 if form.errors else 200

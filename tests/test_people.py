@@ -90,6 +90,10 @@ def test_an_admin_may_choose_the_temporary_password(ada_page: Client) -> None:
         ({"role": "owner"}, "role", "Select a valid choice"),
         ({"password": "123"}, "password", "Temporary password: This password is too short"),
         ({"username": "tomasso", "password": "tomasso1"}, "password", "too similar"),
+        ({"username": "t" * 151}, "username", "at most 150 characters"),
+        ({"username": "to\x00m"}, "username", "Null characters"),
+        ({"password": "long-enough\x00-password"}, "password", "Null characters"),
+        ({"email": "tom@example.com\x00"}, "email", "Null characters"),
     ],
 )
 def test_a_bad_new_person_is_refused_naming_the_field(
@@ -104,8 +108,27 @@ def test_a_bad_new_person_is_refused_naming_the_field(
     # Shown beside its field on the page.
     body = response.content.decode()
     assert re.search(rf'id="field-{field}".*?class="errorlist', body, re.S)
-    assert not User.objects.filter(username__in=["tom", "tom smith", "tomasso"]).exists()
+    assert User.objects.count() == 1  # ada alone
     assert not AuditEntry.objects.filter(action="user.create").exists()
+
+
+def test_an_invitation_emails_where_to_sign_in_but_never_the_password(ada_page: Client, mailoutbox: Any) -> None:
+    response = add(ada_page, username="tom", email="tom@example.com", invite="on")
+
+    password = temporary_password(response)
+    [mail] = mailoutbox
+    assert mail.to == ["tom@example.com"]
+    assert "http://testserver/login/" in mail.body and '"tom"' in mail.body
+    assert password not in mail.body
+    assert "on its way to tom@example.com" in response.content.decode()
+    assert actions("tom")[-1] == ("ada", "user.invite")
+
+
+def test_an_invitation_needs_an_email_address(ada_page: Client, mailoutbox: Any) -> None:
+    response = add(ada_page, username="tom", invite="on")
+    assert response.status_code == 400
+    assert list(response.context["form"].errors) == ["email"]
+    assert not mailoutbox and not User.objects.filter(username="tom").exists()
 
 
 def test_a_name_taken_between_form_and_write_is_refused(ada: User) -> None:
@@ -270,6 +293,14 @@ def test_deactivating_asks_first_then_ends_their_sessions_and_is_audited(ada_pag
     entry = AuditEntry.objects.get(action="user.deactivate")
     assert (entry.actor_name, entry.target_id, entry.reason) == ("ada", "tom", "left the team")
     assert "Deactivated" in ada_page.get("/people/").content.decode()
+
+
+def test_an_over_long_reason_is_refused_naming_the_field(ada_page: Client) -> None:
+    tom = person("tom", "viewer")
+    response = ada_page.post(f"/people/{tom.pk}/deactivate/", {"reason": "x" * 501})
+    assert response.status_code == 400
+    assert list(response.context["form"].errors) == ["reason"]
+    assert User.objects.get(pk=tom.pk).is_active
 
 
 def test_the_last_admin_cannot_deactivate_themself(ada: User, ada_page: Client) -> None:

@@ -38,6 +38,8 @@ MAX_CONVERSATIONS = 3
 MAX_MESSAGES = 200
 # Characters of one text, tool arguments or tool result shown; the JSON tree has them in full.
 TEXT_CHARS = 20_000
+# Characters of a role or name shown where it labels a message.
+NAME_CHARS = 80
 ROLES = {
     "user": "user", "human": "user", "humanmessage": "user", "humanmessagechunk": "user",
     "assistant": "assistant", "ai": "assistant", "aimessage": "assistant", "aimessagechunk": "assistant",
@@ -179,9 +181,9 @@ def _chat(item: dict[str, Any]) -> Turn:
     """OpenAI chat, LangChain and ADK messages, and the Agents SDK's role messages."""
     raw_role = item.get("role") if isinstance(item.get("role"), str) else item.get("type")
     role = ROLES.get(str(raw_role).lower(), "other")
-    who = WHO[role] if role != "other" else str(raw_role or WHO["other"])
+    who = WHO[role] if role != "other" else (_str(raw_role)[:NAME_CHARS] or WHO["other"])
     if item.get("name") and role in ("user", "assistant"):
-        who = f"{who} · {item['name']}"
+        who = f"{who} · {_str(item['name'])[:NAME_CHARS]}"
     turn = Turn(role=role, who=who)
     if role == "tool":
         turn.tool_results.append(ToolResult(
@@ -190,9 +192,9 @@ def _chat(item: dict[str, Any]) -> Turn:
         ))  # fmt: skip
     else:
         _add_content(turn, item.get("content"))
-    for part in item.get("parts") or []:
+    for part in _list(item.get("parts")):
         _add_adk_part(turn, part)
-    for call in item.get("tool_calls") or []:
+    for call in _list(item.get("tool_calls")):
         if isinstance(call, dict):
             function = call.get("function") if isinstance(call.get("function"), dict) else call
             turn.tool_calls.append(ToolCall(
@@ -271,8 +273,15 @@ def _pydantic_ai(message: dict[str, Any]) -> Turn:
     return turn
 
 
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
 def _str(value: Any) -> str:
-    return value if isinstance(value, str) else "" if value is None else _text_of(value)
+    """A name or an id: a string as it is, anything else as short JSON."""
+    if isinstance(value, str):
+        return value[:TEXT_CHARS]
+    return "" if value is None else pretty(value, limit=NAME_CHARS).text
 
 
 def _args(value: Any) -> str:

@@ -172,6 +172,23 @@ def test_odd_items_in_a_message_list_do_not_break_it() -> None:
     assert found.turns[3].notes  # a part that is not text is shown as JSON, folded
 
 
+def test_malformed_messages_are_shown_as_they_are_without_failing() -> None:
+    messages = [
+        {"role": "assistant", "content": {"not": "text"}, "parts": 5, "tool_calls": "x", "name": {"n": 1}},
+        {"role": "tool", "content": None, "tool_call_id": 7},
+        {"role": "user", "content": [1, {"type": "input_text"}, "plain"]},
+        {"type": "function_call", "name": None, "arguments": "{not json"},
+        {"kind": "response", "parts": ["x", {"part_kind": "tool-call", "args": None}]},
+        {"role": "USER", "content": "shouting"},
+        {"type": "HumanMessage", "data": "not a dict", "content": "x"},
+    ]
+    [found] = conversations({"messages": messages})
+    assert roles(found.turns) == ["assistant", "tool", "user", "assistant", "assistant", "user", "user"]
+    assert found.turns[0].texts == ['{\n  "not": "text"\n}'] and found.turns[0].tool_calls == []
+    assert found.turns[3].tool_calls[0].args == "{not json"
+    assert found.turns[0].who.startswith("Assistant · ")
+
+
 # ---------------------------------------------------------------- the page
 
 

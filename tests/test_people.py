@@ -386,7 +386,7 @@ def test_someone_unknown_is_a_404(ada_page: Client) -> None:
 def test_the_list_reads_a_bounded_number_of_queries(ada_page: Client, django_assert_max_num_queries: Any) -> None:
     for n in range(30):
         person(f"p{n:02}", ["viewer", "reviewer", "admin"][n % 3])
-    with django_assert_max_num_queries(12):
+    with django_assert_max_num_queries(11):
         response = ada_page.get("/people/")
     assert response.content.decode().count("data-person=") == 31
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from checkpoints.presentation.diffview import pretty
@@ -103,10 +103,21 @@ def conversations(state: Any) -> list[Conversation]:
                 found.append(Conversation(path=path, turns=[turn], total=1))
         else:
             turns = [turn for item in value[-MAX_MESSAGES:] if (turn := _turn(item)) is not None]
-            found.append(Conversation(path=path, turns=turns, total=len(value)))
+            found.append(Conversation(path=path, turns=_named_results(turns), total=len(value)))
         if len(found) == MAX_CONVERSATIONS:
             break
     return found
+
+
+def _named_results(turns: list[Turn]) -> list[Turn]:
+    """Tool results that carry only the call's id (OpenAI's shapes) named after the call."""
+    names = {call.id: call.name for turn in turns for call in turn.tool_calls if call.id and call.name}
+    for turn in turns:
+        turn.tool_results = [
+            replace(result, name=names.get(result.id, "")) if not result.name and result.id else result
+            for result in turn.tool_results
+        ]
+    return turns
 
 
 def _candidates(value: Any, path: str, depth: int) -> Iterator[tuple[str, Any]]:

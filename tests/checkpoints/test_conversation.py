@@ -105,6 +105,7 @@ def test_openai_chat_messages_read_as_a_conversation() -> None:
     assert (call.name, call.id) == ("search_fares", "call_1")
     assert '"to": "FCO"' in call.args  # the JSON string of arguments, parsed and indented
     assert found.turns[3].tool_results[0].content == '{"cheapest": 120}'
+    assert found.turns[3].tool_results[0].name == "search_fares"  # named after its call
     assert found.turns[4].texts == ["Cheapest: 120 EUR."]
 
 
@@ -114,6 +115,7 @@ def test_openai_agents_items_read_as_a_conversation() -> None:
     assert roles(found.turns) == ["user", "assistant", "tool", "assistant"]
     assert found.turns[1].tool_calls[0].name == "refund"
     assert found.turns[2].tool_results[0].content == "refunded"
+    assert found.turns[2].tool_results[0].name == "refund"
     assert found.turns[3].texts == ["Done: refunded."]
 
 

@@ -146,6 +146,18 @@ _OUTCOME_TONES = {
 }
 
 
+def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:
+    """The checkpoint `approval`'s agent wrote next after the decision (as `with_next_checkpoint`)."""
+    if approval.decided_at is None:
+        return None
+    waited_at = approval.checkpoint
+    later = Checkpoint.objects.defer("payload").filter(
+        thread_id=approval.thread_id, branch_id=waited_at.branch_id, seq__gt=waited_at.seq,
+        created_at__gte=approval.decided_at,
+    )  # fmt: skip
+    return later.order_by("seq").first()
+
+
 # Characters of a decision's comment the thread list keeps (in a title).
 OUTCOME_COMMENT_CHARS = 300
 

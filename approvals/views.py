@@ -234,10 +234,7 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
     if approval.status == ApprovalStatus.PENDING:
         return None
     run = Run.objects.filter(approval=approval).order_by("-created_at").first()
-    following = selectors.with_next_checkpoint(ApprovalRequest.objects.filter(pk=approval.pk))
-    next_id = following.values_list("next_checkpoint_id", flat=True).first()
-    child = Checkpoint.objects.defer("payload").filter(pk=next_id).first() if next_id else None
-    return NextStep(run=run, checkpoint=child)
+    return NextStep(run=run, checkpoint=selectors.next_checkpoint(approval))
 
 
 @viewer_required

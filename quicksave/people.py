@@ -21,7 +21,6 @@ from django.core.exceptions import ValidationError
 from django.core.mail import send_mail
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
-from django.template.loader import render_to_string
 from django.utils import timezone
 
 from audit import trail
@@ -100,10 +99,16 @@ def send_invitation(*, actor: User, user: User, sign_in_url: str, address: str |
     over another way. Sent outside any transaction; PeopleError says why it could not be."""
     if not user.email:
         raise PeopleError(f"Email: {user.get_username()} has no email address to invite.", field="email")
-    context = {"person": user, "actor": actor, "sign_in_url": sign_in_url}
+    name, inviter = user.get_username(), actor.get_username()
+    # Plain text, not markup: nothing here is ever rendered as HTML.
+    message = (
+        f"Hello {name},\n\n{inviter} added you to Quicksave, where your team follows its AI agents' runs "
+        f'and approves their risky steps.\n\nSign in at {sign_in_url} as "{name}" with the temporary '
+        f"password {inviter} gives you. You will then choose your own.\n"
+    )
     try:
-        send_mail(subject="You have a Quicksave account", message=render_to_string("people/invitation.txt", context),
-                  from_email=None, recipient_list=[user.email])  # fmt: skip
+        send_mail(subject="You have a Quicksave account", message=message, from_email=None,
+                  recipient_list=[user.email])  # fmt: skip
     except (OSError, smtplib.SMTPException) as exc:
         raise PeopleError(f"The invitation to {user.email} could not be sent: {exc}", field="email") from None
     trail.record(actor=actor, action="user.invite", target_type="user", target_id=user.get_username(),

@@ -207,7 +207,7 @@ def _chat(item: dict[str, Any]) -> Turn:
         _add_adk_part(turn, part)
     for call in _list(item.get("tool_calls")):
         if isinstance(call, dict):
-            function = call.get("function") if isinstance(call.get("function"), dict) else call
+            function: dict[str, Any] = call["function"] if isinstance(call.get("function"), dict) else call
             turn.tool_calls.append(ToolCall(
                 name=_str(function.get("name")), args=_args(function.get("arguments", function.get("args"))),
                 id=_str(call.get("id")),

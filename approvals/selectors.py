@@ -1,15 +1,20 @@
 """Reads pages and the API share: the approvals assigned to a person, the agents blocked on a
-person, policies with their versions, rules with how many requests each approved."""
+person, policies with their versions, rules with how many requests each approved, what the agent
+did next after a decision, and what each thread of a list waits on or ended with."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
+from uuid import UUID
 
 from django.contrib.auth.models import User
-from django.db.models import Count, Exists, Min, OuterRef, Prefetch, Q, QuerySet
+from django.db.models import Count, Exists, JSONField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery
+from django.db.models.functions import JSONObject, Left
 
 from approvals.models import (
+    ApprovalKind,
     ApprovalPolicy,
     ApprovalRequest,
     ApprovalStatus,
@@ -17,7 +22,9 @@ from approvals.models import (
     AutoApproveRule,
     DeciderRole,
     PolicyVersion,
+    Resolution,
 )
+from checkpoints.models import Checkpoint, Thread
 from quicksave.roles import ADMIN, REVIEWER, role_of
 
 
@@ -96,3 +103,108 @@ def rules_listed() -> QuerySet[AutoApproveRule]:
 def approved_count(rule: AutoApproveRule) -> int:
     """How many requests a rule from `rules_listed` approved."""
     return int(getattr(rule, "approved", 0))
+
+
+def with_next_checkpoint(approvals: QuerySet[ApprovalRequest]) -> QuerySet[ApprovalRequest]:
+    """`approvals` annotated with the id, seq and label of their `next_checkpoint`: the first one
+    written after the decision on the branch of the checkpoint the agent waited at, which is where
+    its resume run goes on (None while pending, or until the agent writes again). No query of its
+    own: index probes on the (thread, branch, seq) key within the approvals' query."""
+    later = Checkpoint.objects.filter(
+        thread_id=OuterRef("thread_id"),
+        branch_id=OuterRef("checkpoint__branch_id"),
+        seq__gt=OuterRef("checkpoint__seq"),
+        created_at__gte=OuterRef("decided_at"),
+    ).order_by("seq")
+    return approvals.annotate(
+        next_checkpoint_id=Subquery(later.values("pk")[:1]),
+        next_checkpoint_seq=Subquery(later.values("seq")[:1]),
+        next_checkpoint_label=Subquery(later.values("label")[:1]),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a thread of the list waits on (`pending`) or how its latest approval ended."""
+
+    approval: UUID
+    action: str
+    pending: bool
+    label: str  # "Awaiting approval", "Approved", "Rejected", "Expired", "In doubt"...
+    tone: str  # a status-* class: running, waiting_for_approval, completed, failed, cancelled, paused
+    by: str = ""
+    comment: str = ""
+    at: datetime | None = None
+
+
+_OUTCOME_TONES = {
+    ApprovalStatus.APPROVED: "completed",
+    ApprovalStatus.REJECTED: "failed",
+    ApprovalStatus.EXPIRED: "paused",
+    ApprovalStatus.CANCELLED: "cancelled",
+    ApprovalStatus.RESOLVED: "completed",
+}
+
+
+def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:
+    """The checkpoint `approval`'s agent wrote next after the decision (as `with_next_checkpoint`)."""
+    if approval.decided_at is None:
+        return None
+    waited_at = approval.checkpoint
+    later = Checkpoint.objects.defer("payload").filter(
+        thread_id=approval.thread_id, branch_id=waited_at.branch_id, seq__gt=waited_at.seq,
+        created_at__gte=approval.decided_at,
+    )  # fmt: skip
+    return later.order_by("seq").first()
+
+
+# Characters of a decision's comment the thread list keeps (in a title).
+OUTCOME_COMMENT_CHARS = 300
+
+
+def with_outcome(threads: QuerySet[Thread]) -> QuerySet[Thread]:
+    """`threads` annotated with `latest_approval`: their newest approval or in-doubt call (the one
+    pending, if any: a thread waits on one at a time) as a JSON object, read with `outcome_of`.
+    A subquery in the threads' own query, on the approvals' thread index: no query of its own."""
+    latest = (
+        ApprovalRequest.objects.filter(thread_id=OuterRef("pk"))
+        .order_by("-created_at", "-id")
+        .values(
+            summary=JSONObject(
+                id="id", kind="kind", action="action", status="status", resolution="resolution",
+                args_edited="args_edited", comment=Left("comment", OUTCOME_COMMENT_CHARS),
+                decided_at="decided_at", created_at="created_at",
+                decided_by__username="decided_by__username", rule__name="rule__name",
+            )
+        )[:1]
+    )  # fmt: skip
+    return threads.annotate(latest_approval=Subquery(latest, output_field=JSONField()))
+
+
+def outcome_of(thread: Thread) -> Outcome | None:
+    """What a thread read through `with_outcome` waits on, or how its newest approval ended."""
+    row = getattr(thread, "latest_approval", None)
+    if not isinstance(row, dict):
+        return None
+    for name in ("decided_at", "created_at"):
+        row[name] = datetime.fromisoformat(row[name]) if row.get(name) else None
+    row["id"] = UUID(str(row["id"]))
+    return _outcome(row)
+
+
+def _outcome(row: dict[str, Any]) -> Outcome:
+    status = ApprovalStatus(row["status"])
+    if status == ApprovalStatus.PENDING:
+        label = "In doubt" if row["kind"] == ApprovalKind.IN_DOUBT else "Awaiting approval"
+        return Outcome(approval=row["id"], action=row["action"], pending=True, label=label,
+                       tone="waiting_for_approval", at=row["created_at"])  # fmt: skip
+    if status == ApprovalStatus.RESOLVED:
+        label = f"In doubt: {Resolution(row['resolution']).label.lower()}" if row["resolution"] else status.label
+    elif status == ApprovalStatus.APPROVED and row["args_edited"]:
+        label = "Approved with edits"
+    else:
+        label = status.label
+    by = row["decided_by__username"] or (f"rule “{row['rule__name']}”" if row["rule__name"] else "")
+    tone = _OUTCOME_TONES.get(status, "")
+    return Outcome(approval=row["id"], action=row["action"], pending=False, label=label, tone=tone, by=by,
+                   comment=row["comment"] or "", at=row["decided_at"])  # fmt: skip

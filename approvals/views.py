@@ -108,7 +108,10 @@ def inbox(request: HttpRequest) -> HttpResponse:
     # The page's ids first (a narrow query the index can stop early for), then their rows with
     # everything a row shows: sorting hundreds of wide joined rows to keep a hundred cost more.
     page = list(ordered.values_list("pk", "at")[: INBOX_SIZE + 1])
-    loaded = _inbox_rows(request.user).in_bulk([pk for pk, _ in page[:INBOX_SIZE]])
+    rows = _inbox_rows(request.user)
+    if status != ApprovalStatus.PENDING:
+        rows = selectors.with_next_checkpoint(rows)
+    loaded = rows.in_bulk([pk for pk, _ in page[:INBOX_SIZE]])
     shown = [loaded[pk] for pk, _ in page[:INBOX_SIZE] if pk in loaded]
     following = None
     if len(page) > INBOX_SIZE:
@@ -249,13 +252,7 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
     if approval.status == ApprovalStatus.PENDING:
         return None
     run = Run.objects.filter(approval=approval).order_by("-created_at").first()
-    child = (
-        Checkpoint.objects.defer("payload")
-        .filter(thread_id=approval.thread_id, parent_id=approval.checkpoint_id)
-        .order_by("created_at")
-        .first()
-    )
-    return NextStep(run=run, checkpoint=child)
+    return NextStep(run=run, checkpoint=selectors.next_checkpoint(approval))
 
 
 @viewer_required

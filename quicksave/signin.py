@@ -1,4 +1,5 @@
-"""The sign-in page: Django's LoginView with failed sign-ins throttled per address (quicksave/throttle.py)."""
+"""The sign-in page: Django's LoginView with failed sign-ins throttled per address (quicksave/throttle.py),
+sending someone who signs in with a temporary password on to choose their own (quicksave/people.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from typing import Any
 from django.contrib.auth.forms import AuthenticationForm
 from django.contrib.auth.views import LoginView
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 
 from audit.trail import client_address
-from quicksave import throttle
+from quicksave import people, throttle
+from quicksave.people_views import PASSWORD_TO_SET, set_password_url
 
 
 class ThrottledLoginView(LoginView):
@@ -21,6 +24,13 @@ class ThrottledLoginView(LoginView):
         if wait is not None:
             return self._throttled(self.get_form(), wait)
         return super().post(request, *args, **kwargs)
+
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
+        response = super().form_valid(form)  # signed in, in a new session
+        if people.must_set_password(form.get_user()):
+            self.request.session[PASSWORD_TO_SET] = True
+            return redirect(set_password_url(self.get_success_url()))
+        return response
 
     def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
         wait = throttle.note_failure(client_address(self.request))

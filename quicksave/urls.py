@@ -9,6 +9,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
 from quicksave.health import healthz
+from quicksave.people_views import set_password
 from quicksave.scrape import metrics_view
 from quicksave.signin import ThrottledLoginView
 
@@ -34,12 +35,14 @@ urlpatterns = [
     path("api/docs/", login_required(SpectacularSwaggerSplitView.as_view(url_name="api-schema")), name="api-docs"),
     path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password/", set_password, name="set-password"),
     # One sign-in page, the throttled one: the Django admin's own would bypass the throttle.
     path("admin/login/", RedirectView.as_view(pattern_name="login", query_string=True)),
     path("admin/", admin.site.urls),
     path("inbox/", include("approvals.dashboard_urls")),
     path("policies/", include("approvals.policy_urls")),
     path("audit/", include("audit.urls")),
+    path("people/", include("quicksave.people_urls")),
     path("agents/", include("quicksave_agents.dashboard_urls")),
     path("notifications/", include("notifications.dashboard_urls")),
     path("memory/", include("memory.dashboard_urls")),

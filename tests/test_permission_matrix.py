@@ -155,6 +155,19 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     # A decision link: anyone who may decide, once signed in (an agent key is no sign-in).
     ("GET", "/notifications/decide/{token}/", None, (302, 302, 403, 200, 200, 302)),
     ("POST", "/notifications/decide/{token}/", {}, (302, 302, 403, 302, 302, 302)),
+    # People: admins only ({person} is an active viewer); choosing one's own password: anyone signed in.
+    ("GET", "/people/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/people/new/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/people/new/", {"username": "newcomer", "role": "viewer"}, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/people/{person}/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/people/{person}/role/", {"role": "reviewer"}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/people/{person}/deactivate/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/people/{person}/deactivate/", {}, (302, 302, 403, 403, 302, 302)),
+    ("GET", "/people/{person}/reactivate/", None, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/people/{person}/reset-password/", None, (302, 302, 403, 403, 200, 302)),
+    ("POST", "/people/{person}/reset-password/", {}, (302, 302, 403, 403, 200, 302)),
+    ("GET", "/password/", None, (302, 302, 200, 200, 200, 302)),
+    ("POST", "/password/", {}, (302, 302, 400, 400, 400, 302)),
 ]  # fmt: skip
 
 # Websockets: ACCEPT, or the close code the consumer answers with.
@@ -220,7 +233,8 @@ def build_world() -> World:
     ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
            "policy": version.policy_id, "rule": rule.pk, "endpoint": endpoint.pk,
            "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
-           "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2]}  # fmt: skip
+           "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2],
+           "person": person("teammate", "viewer").pk}  # fmt: skip
     return World(
         ids={
             **{name: str(value) for name, value in ids.items()},

@@ -17,7 +17,7 @@ from django.urls import reverse
 from checkpoints import selectors, storage
 from checkpoints.access import get_checkpoint_for, get_thread_for
 from checkpoints.models import Blob, Checkpoint, PayloadKind, Thread, ToolResult
-from checkpoints.presentation import diffview
+from checkpoints.presentation import conversation, diffview
 from checkpoints.storage import blobs
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.views import actions, thread_label, viewer_required
@@ -55,6 +55,7 @@ def checkpoint_detail(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse
         "storage": PayloadKind(checkpoint.kind).label,
         "failure": failure,
         "tree": tree,
+        "conversations": conversation.conversations(shown) if shown is not None else [],
         "tree_nodes": f"{diffview.TREE_NODES:,}",
         # Each tree node links here with its JSON pointer appended.
         "history_url": f"{reverse('dashboard:value-history', args=[thread.pk])}?from={checkpoint.pk}&path=",

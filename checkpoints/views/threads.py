@@ -11,6 +11,7 @@ from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 
+from approvals.selectors import outcome_of, with_outcome
 from checkpoints import selectors
 from checkpoints.access import get_thread_for, visible_threads
 from checkpoints.models import Thread, ThreadStatus
@@ -65,7 +66,7 @@ def thread_list(request: HttpRequest) -> HttpResponse:
         filtered = filtered.filter(status=data["status"])
     sort = data["sort"] or "-updated"
     rows, next_position = selectors.thread_page(
-        filtered.select_related("agent", "head").defer("head__payload", "head__integrity"),
+        with_outcome(filtered.select_related("agent", "head").defer("head__payload", "head__integrity")),
         sort=sort, after=data["cursor"], size=PAGE_SIZE,
     )  # fmt: skip
     first_query, next_query = page_queries(request, "cursor", next_position and PageLinkField.link(*next_position))
@@ -73,7 +74,8 @@ def thread_list(request: HttpRequest) -> HttpResponse:
     context = {
         "nav": "threads",
         "form": form,
-        "threads": rows,
+        # (thread, what it waits on or how its latest approval ended), read with the page's own query.
+        "threads": [(thread, outcome_of(thread)) for thread in rows],
         "counts": [(value, label, counts.get(value, 0)) for value, label in ThreadStatus.choices],
         "total": sum(counts.values()),
         "agents": Agent.objects.order_by("name").values_list("name", flat=True),

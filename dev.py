@@ -289,9 +289,9 @@ def manage_logged(*args: str, log: Path) -> None:
         raise subprocess.CalledProcessError(result.returncode, ["manage.py", *args])
 
 
-def running_pid(pid_file: Path, *names: str) -> int | None:
+def running_pid(pid_file: Path, *names: str, forget_stale: bool = True) -> int | None:
     """The pid in `pid_file` when that process is alive and its command line names each of `names`
-    (a pid the system gave to another program since is not ours); a stale file is removed."""
+    (a pid the system gave to another program since is not ours); a stale file of ours is removed."""
     try:
         pid = int(pid_file.read_text().split()[0])
     except (OSError, ValueError, IndexError):
@@ -299,13 +299,15 @@ def running_pid(pid_file: Path, *names: str) -> int | None:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        pid_file.unlink(missing_ok=True)
+        if forget_stale:
+            pid_file.unlink(missing_ok=True)
         return None
     except PermissionError:
         pass  # alive, another user's: the embedded PostgreSQL runs as `pgserver` under root
     cmdline = Path(f"/proc/{pid}/cmdline")
     if cmdline.exists() and not all(name.encode() in cmdline.read_bytes() for name in names):
-        pid_file.unlink(missing_ok=True)
+        if forget_stale:
+            pid_file.unlink(missing_ok=True)
         return None
     return pid
 
@@ -372,9 +374,10 @@ def serve(host: str, port: int, url: str, ready_lines: list[str]) -> int:
     """Run uvicorn as a child (its pid in var/run/server.pid for `dev.py stop`), print the closing box once
     it answers, and pass it the signals this process gets; its exit status is ours."""
     env = {**os.environ, "QUICKSAVE_LOG_FILE": str(log_file())}
+    # A process group of its own: Ctrl-C reaches it once, from here (twice, uvicorn would not shut down cleanly).
     process = subprocess.Popen(
         [str(PYTHON), "-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port)],
-        cwd=ROOT, env=env,
+        cwd=ROOT, env=env, process_group=0,
     )  # fmt: skip
     pid_file = server_pid_file()
     pid_file.parent.mkdir(parents=True, exist_ok=True)
@@ -417,8 +420,11 @@ def command_stop() -> None:
         print(f"    database: {describe_database()}: not ours to stop")
         return
     postmaster = var_dir() / "pgdata" / "postmaster.pid"
-    if pid := running_pid(postmaster, "postgres"):
-        os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: sessions end, the data is kept
+    if pid := running_pid(postmaster, "postgres", forget_stale=False):  # PostgreSQL minds its own file
+        try:
+            os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: sessions end, the data is kept
+        except PermissionError:
+            sys.exit(f"dev.py: PostgreSQL (pid {pid}) runs as another user; stop it as that user or as root")
         print(f"stopping the embedded PostgreSQL (pid {pid})…", flush=True)
         if not wait_for_exit(pid, 60):
             sys.exit(f"dev.py: PostgreSQL (pid {pid}) is still running after 60 s")

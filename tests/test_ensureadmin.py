@@ -127,12 +127,12 @@ def test_a_password_from_the_environment_is_not_written_anywhere(db: Any, var_di
     assert command("--describe").splitlines()[1] == "Password     the value of QUICKSAVE_ADMIN_PASSWORD"
 
 
-def test_describe_names_the_user_the_file_and_the_reset_command(db: Any) -> None:
+def test_describe_names_the_user_the_file_and_the_reset_command(db: Any, var_dir: Path) -> None:
     ensureadmin()
 
     assert command("--describe").splitlines() == [
         "Sign in as   admin",
-        f"Password     in {Path(settings_var()) / 'admin-password'}",
+        f"Password     in {var_dir / 'admin-password'}",
         "New password python3 dev.py reset-password",
     ]
 
@@ -161,15 +161,28 @@ def test_reset_password_gives_the_admin_a_new_one_in_the_file_and_audits_it(db: 
 
 
 def test_reset_password_of_nobody_says_how_to_create_the_admin(db: Any, var_dir: Path) -> None:
-    with pytest.raises(CommandError, match=r"No user is named 'admin': run `manage.py ensureadmin`"):
+    with pytest.raises(CommandError, match=r"No user is named 'admin' and there is no other superuser: run `manage.py"):
         command("--reset-password")
 
     assert not (var_dir / "admin-password").exists()
 
 
-def settings_var() -> str:
-    from django.conf import settings
+def test_reset_password_refuses_a_user_who_is_not_an_admin(db: Any, var_dir: Path) -> None:
+    User.objects.create_user("admin", password="plain-user-1")
 
-    from quicksave.management.commands.ensureadmin import shown
+    with pytest.raises(CommandError, match=r"'admin' is not a superuser; reset a person's password with"):
+        command("--reset-password")
 
-    return shown(Path(settings.VAR_DIR))
+    assert User.objects.get(username="admin").check_password("plain-user-1")
+    assert not (var_dir / "admin-password").exists()
+
+
+def test_describe_and_reset_find_a_superuser_with_another_name(db: Any, var_dir: Path) -> None:
+    User.objects.create_superuser("root", password="chosen-by-root-1")
+
+    assert command("--describe").splitlines()[:2] == [
+        "Sign in as   root",
+        "Password     the one you chose (none is kept in a file)",
+    ]
+    command("--reset-password")
+    assert User.objects.get(username="root").check_password((var_dir / "admin-password").read_text().strip())

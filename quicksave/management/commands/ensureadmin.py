@@ -95,13 +95,18 @@ class Command(BaseCommand):
                                 f"Kept in {shown(path)} (readable by you only)."]))  # fmt: skip
 
     def _reset(self, username: str) -> None:
-        users = get_user_model()
-        user = users.objects.filter(username=username).first()
+        user = _admin(username)
         if user is None:
             raise CommandError(
-                f"No user is named {username!r}: run `manage.py ensureadmin` to create the admin, "
-                "or set QUICKSAVE_ADMIN_USER to the admin's name."
+                f"No user is named {username!r} and there is no other superuser: run `manage.py ensureadmin` "
+                "to create the admin, or set QUICKSAVE_ADMIN_USER to the admin's name."
             )
+        if not user.is_superuser:
+            raise CommandError(
+                f"{username!r} is not a superuser; reset a person's password with "
+                f"`manage.py changepassword {username}`."
+            )
+        username = user.get_username()
         password = secrets.token_urlsafe(15)
         user.set_password(password)
         user.save(update_fields=["password"])
@@ -112,14 +117,19 @@ class Command(BaseCommand):
                                 f"Kept in {shown(path)} (readable by you only)."]))  # fmt: skip
 
     def _describe(self, username: str) -> list[str]:
-        users = get_user_model()
-        user = users.objects.filter(username=username).first() or (
-            users.objects.filter(is_superuser=True, is_active=True).order_by("date_joined").first()
-        )
+        user = _admin(username)
         if user is None:
             return ["Sign in as   nobody yet: run manage.py ensureadmin"]
         return [f"Sign in as   {user.get_username()}", f"Password     {_where(user)}",
                 f"New password {RESET_COMMAND}"]  # fmt: skip
+
+
+def _admin(username: str) -> Any:
+    """The user named `username`, or else the first active superuser: the one who signs in first."""
+    users = get_user_model()
+    return users.objects.filter(username=username).first() or (
+        users.objects.filter(is_superuser=True, is_active=True).order_by("date_joined").first()
+    )
 
 
 def _where(user: AbstractBaseUser) -> str:

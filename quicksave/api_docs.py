@@ -3,7 +3,7 @@
 An operation's description is its view method's docstring (or `extend_schema(description=...)`), a
 query parameter's the help_text of its query serializer's field. This drf-spectacular hook gives each
 operation a summary (the first sentence of its description) for the docs' collapsed list, and
-describes the path parameters, named the same way on every route, once here. tests/test_api_docs.py
+describes the path parameters, named the same way on every route, and DRF's `format`, once here. tests/test_api_docs.py
 fails on an operation or parameter left without a description.
 """
 
@@ -24,6 +24,12 @@ PATH_PARAMETERS = {
     "delivery_id": "The notification delivery's id.",
 }
 
+# DRF's own query parameter on a view with several renderers (the JSON Lines exports).
+QUERY_PARAMETERS = {
+    "format": "The response's format, instead of the `Accept` header: `jsonl` for JSON Lines (`application/x-ndjson`) "
+    "or `json`; an error is one JSON object either way.",
+}
+
 
 def first_sentence(text: str) -> str:
     """The description's first sentence (up to 120 characters), for the summary line."""
@@ -41,7 +47,8 @@ def describe(result: dict[str, Any], generator: Any, request: Any, public: bool)
             if description and not operation.get("summary"):
                 operation["summary"] = first_sentence(description)
             for parameter in operation.get("parameters", []):
-                known = PATH_PARAMETERS.get(parameter.get("name", ""))
-                if parameter.get("in") == "path" and known and not parameter.get("description"):
+                names = {"path": PATH_PARAMETERS, "query": QUERY_PARAMETERS}.get(parameter.get("in", ""), {})
+                known = names.get(parameter.get("name", ""))
+                if known and not parameter.get("description"):
                     parameter["description"] = known
     return result

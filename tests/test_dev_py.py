@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,13 +69,14 @@ def box(console: str) -> list[str]:
     return [line.strip("| ").rstrip() for line in lines[start:end]]
 
 
-def test_run_ends_with_the_address_the_user_the_password_file_and_how_to_reset_it(
+def test_run_says_where_to_sign_in_keeps_the_console_quiet_and_stop_ends_it(
     running: tuple[subprocess.Popen[bytes], Path, int], var: Path
 ) -> None:
-    _, console, port = running
+    """One `dev.py run` for the whole first five minutes (seeding the demo takes a while)."""
+    process, console, port = running
 
+    # The closing box: the address, who signs in, where the password is and how to reset it.
     shown = box(console.read_text())
-
     assert shown[0] == f"Quicksave is running at http://127.0.0.1:{port}/"
     assert "Sign in as   admin" in shown
     assert f"Password     in {var / 'admin-password'}" in shown
@@ -85,55 +87,41 @@ def test_run_ends_with_the_address_the_user_the_password_file_and_how_to_reset_i
         form = browser.get("/login/")
         signed_in = browser.post("/login/", data={"username": "admin", "password": password,
                                                   "csrfmiddlewaretoken": form.cookies["csrftoken"]})  # fmt: skip
+        browser.get("/no-such-page/")  # django.request warns: Not Found
     assert signed_in.status_code == 302 and signed_in.headers["location"] == "/"
 
-
-def test_the_console_keeps_quicksaves_lines_and_the_log_file_gets_everything(
-    running: tuple[subprocess.Popen[bytes], Path, int], var: Path
-) -> None:
-    _, console, port = running
+    # Every line goes to the log file; the console keeps Quicksave's own.
     log = var / "log" / "quicksave.log"
-    httpx.get(f"http://127.0.0.1:{port}/healthz")
-    httpx.get(f"http://127.0.0.1:{port}/no-such-page/")  # django.request warns: Not Found
-
     wait_until(lambda: "/no-such-page/" in log.read_text(), what="the 404 in the log file", timeout=30)
     text = console.read_text()
-
-    assert '"GET /healthz HTTP/1.1" 200' in log.read_text()  # uvicorn's access log
-    assert "/healthz" not in text and "/no-such-page/" not in text
+    assert '"GET /login/ HTTP/1.1" 200' in log.read_text()  # uvicorn's access log
+    assert "/login/" not in text and "/no-such-page/" not in text
     assert "Traceback" not in text and "WARNING" not in text
     assert "failed at step 20" in text  # the demo's migration fails on purpose, and seed_demo says so
     assert "Applying " not in text  # migrate's list of migrations is in the file (the test database has them)
 
+    # A second run while this one serves is refused.
+    again = subprocess.run([sys.executable, "-c", RUN_WITHOUT_INSTALL, "run", "--port", str(free_port())], cwd=ROOT,
+                           env=environment(var), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
+    assert again.returncode != 0
+    assert "Quicksave is already running (pid" in again.stderr and "python3 dev.py stop" in again.stderr
 
-def test_stop_ends_the_server_and_leaves_a_database_it_does_not_own(
-    running: tuple[subprocess.Popen[bytes], Path, int], var: Path
-) -> None:
-    process, _, port = running
-    assert (var / "run" / "server.pid").exists()
-
+    # `stop` ends the server, and leaves alone a database DATABASE_URL names.
     stopped = dev("stop", env=environment(var))
-
     assert stopped.returncode == 0, stopped.stderr
-    assert "the server stopped" in stopped.stdout
-    assert "not ours to stop" in stopped.stdout
+    assert "the server stopped" in stopped.stdout and "not ours to stop" in stopped.stdout
     assert process.wait(timeout=30) == 0
     assert not (var / "run" / "server.pid").exists()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
 
 
-def test_a_second_run_while_one_runs_is_refused(running: tuple[subprocess.Popen[bytes], Path, int], var: Path) -> None:
-    again = subprocess.run([sys.executable, "-c", RUN_WITHOUT_INSTALL, "run", "--port", str(free_port())], cwd=ROOT,
-                           env=environment(var), capture_output=True, text=True, timeout=60, check=False)  # fmt: skip
-
-    assert again.returncode != 0
-    assert "Quicksave is already running (pid" in again.stderr and "python3 dev.py stop" in again.stderr
-
-
 def sleeper(*marks: str) -> subprocess.Popen[bytes]:
-    """A process whose command line carries `marks`, standing in for a server or PostgreSQL."""
-    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *marks])
+    """A process whose command line carries `marks`, standing in for a server or PostgreSQL. It is
+    reaped as soon as it ends, as PostgreSQL is by init: a zombie would still answer kill(pid, 0)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *marks])
+    threading.Thread(target=process.wait, daemon=True).start()
+    return process
 
 
 def test_stop_ends_the_embedded_postgresql_by_its_pid_file(var: Path) -> None:

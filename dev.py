@@ -2,6 +2,9 @@
 """Quicksave's developer entry point: one command to run the app, one to test it.
 
     python3 dev.py run [--host HOST] [--port PORT]   venv, migrate, admin user, demo data, serve
+    python3 dev.py stop                              stop the server and the embedded PostgreSQL
+    python3 dev.py reset-demo [--yes]                delete the demo threads and seed them again
+    python3 dev.py reset-password                    a new admin password, kept in var/admin-password
     python3 dev.py test [-- PYTEST ARGS]             venv, ruff, ruff format --check, mypy, pytest + coverage
                                                      (and the pgvector tests on the embedded PostgreSQL)
     python3 dev.py lint                              ruff, ruff format --check, mypy
@@ -22,8 +25,12 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
@@ -169,6 +176,23 @@ def var_dir() -> Path:
     return ROOT / os.environ.get("QUICKSAVE_VAR_DIR", "var")  # an absolute value replaces ROOT
 
 
+def log_file() -> Path:
+    """Every log line of `run` (the server's, uvicorn's, libraries' warnings); the console keeps Quicksave's own."""
+    return var_dir() / "log" / "quicksave.log"
+
+
+def server_pid_file() -> Path:
+    return var_dir() / "run" / "server.pid"
+
+
+def shown(path: Path) -> str:
+    """`path` as a person types it from the checkout (var/log/quicksave.log), or absolute when outside it."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def describe_database() -> str:
     """Where the data goes, without the password."""
     url = os.environ.get("DATABASE_URL", "")
@@ -253,19 +277,184 @@ def lint() -> None:
     run(VENV_BIN / "lint-imports")
 
 
-def command_run(host: str, port: int) -> NoReturn:
+def manage_logged(*args: str, log: Path) -> None:
+    """manage.py with its output on the console and its standard error (log lines: the demo's
+    deliberate failures, libraries' warnings) appended to `log`; shown here only when it fails."""
+    result = subprocess.run([str(PYTHON), "manage.py", *args], cwd=ROOT, stderr=subprocess.PIPE, check=False)
+    with open(log, "ab") as handle:
+        handle.write(result.stderr)
+    if result.returncode:
+        tail = result.stderr.decode(errors="replace").strip().splitlines()[-15:]
+        print("\n".join(tail), file=sys.stderr)
+        raise subprocess.CalledProcessError(result.returncode, ["manage.py", *args])
+
+
+def running_pid(pid_file: Path, *names: str, forget_stale: bool = True) -> int | None:
+    """The pid in `pid_file` when that process is alive and its command line names each of `names`
+    (a pid the system gave to another program since is not ours); a stale file of ours is removed."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        if forget_stale:
+            pid_file.unlink(missing_ok=True)
+        return None
+    except PermissionError:
+        pass  # alive, another user's: the embedded PostgreSQL runs as `pgserver` under root
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists() and not all(name.encode() in cmdline.read_bytes() for name in names):
+        if forget_stale:
+            pid_file.unlink(missing_ok=True)
+        return None
+    return pid
+
+
+def server_pid() -> int | None:
+    return running_pid(server_pid_file(), "uvicorn", "quicksave.asgi")
+
+
+def box(lines: list[str]) -> str:
+    width = max(len(line) for line in lines)
+    rule = "+" + "-" * (width + 2) + "+"
+    return "\n".join([rule, *(f"| {line.ljust(width)} |" for line in lines), rule])
+
+
+def wait_until_serving(process: subprocess.Popen[bytes], url: str, timeout: float = 180) -> bool:
+    """Whether the server answers /healthz (any status: it is serving) before it exits or `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "healthz", timeout=2):  # noqa: S310  (our own http:// URL)
+                return True
+        except urllib.error.HTTPError:
+            return True  # 503 while a dependency is down: serving all the same
+        except OSError:
+            time.sleep(0.25)
+    return False
+
+
+def command_run(host: str, port: int) -> int:
     ensure_venv(RUNTIME_LOCK)
+    if pid := server_pid():
+        sys.exit(f"dev.py: Quicksave is already running (pid {pid}); stop it with `python3 dev.py stop` first")
+    log = log_file()
+    log.parent.mkdir(parents=True, exist_ok=True)
     print(f"    database: {describe_database()}", flush=True)
+    print(f"    log: {shown(log)} has every line; this console keeps Quicksave's own", flush=True)
     step("migrate")
-    manage("migrate", "--noinput")
+    with open(log, "ab") as handle:
+        result = subprocess.run([str(PYTHON), "manage.py", "migrate", "--noinput"], cwd=ROOT, stdout=handle,
+                                stderr=subprocess.STDOUT, check=False)  # fmt: skip
+    if result.returncode:
+        print("\n".join(log.read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
+        raise subprocess.CalledProcessError(result.returncode, ["manage.py", "migrate"])
     step("ensureadmin")
-    manage("ensureadmin")
+    manage_logged("ensureadmin", log=log)
     collectstatic_if_needed()
     if has_management_command("seed_demo"):
         step("seed_demo")
-        manage("seed_demo")
-    step(f"serve http://{host}:{port}/")
-    exec_python("-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port))
+        manage_logged("seed_demo", log=log)
+    sign_in = subprocess.run([str(PYTHON), "manage.py", "ensureadmin", "--describe"], cwd=ROOT, check=True,
+                             capture_output=True, text=True).stdout.splitlines()  # fmt: skip
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else (f"[{host}]" if ":" in host else host)  # noqa: S104
+    url = f"http://{shown_host}:{port}/"
+    step(f"serve {url}")
+    return serve(host, port, url, [
+        f"Quicksave is running at {url}", *sign_in,
+        f"Log          {shown(log)}",
+        "Stop         Ctrl-C, or python3 dev.py stop (stops PostgreSQL too)",
+        "Demo again   python3 dev.py reset-demo",
+    ])  # fmt: skip
+
+
+def serve(host: str, port: int, url: str, ready_lines: list[str]) -> int:
+    """Run uvicorn as a child (its pid in var/run/server.pid for `dev.py stop`), print the closing box once
+    it answers, and pass it the signals this process gets; its exit status is ours."""
+    env = {**os.environ, "QUICKSAVE_LOG_FILE": str(log_file())}
+    # A process group of its own: Ctrl-C reaches it once, from here (twice, uvicorn would not shut down cleanly).
+    process = subprocess.Popen(
+        [str(PYTHON), "-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port)],
+        cwd=ROOT, env=env, process_group=0,
+    )  # fmt: skip
+    pid_file = server_pid_file()
+    pid_file.parent.mkdir(parents=True, exist_ok=True)
+    pid_file.write_text(f"{process.pid}\n")
+
+    def forward(signum: int, frame: object) -> None:
+        if process.poll() is None:
+            process.send_signal(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, forward)
+    try:
+        if wait_until_serving(process, url):
+            print(box(ready_lines), flush=True)
+        elif process.poll() is None:
+            print(f"dev.py: the server has not answered yet; see {shown(log_file())}", file=sys.stderr, flush=True)
+        code = process.wait()
+    finally:
+        if pid_file.exists() and pid_file.read_text().strip() == str(process.pid):
+            pid_file.unlink()
+    if code not in (0, -signal.SIGINT, -signal.SIGTERM):
+        print(f"dev.py: the server stopped (exit {code}); the end of {shown(log_file())}:", file=sys.stderr)
+        print("\n".join(log_file().read_text(errors="replace").splitlines()[-15:]), file=sys.stderr)
+        return code if code > 0 else 1
+    return 0
+
+
+def command_stop() -> None:
+    """Stop the server `run` started, then the embedded PostgreSQL (never a server DATABASE_URL names)."""
+    if pid := server_pid():
+        os.kill(pid, signal.SIGTERM)
+        print(f"stopping the server (pid {pid})…", flush=True)
+        if not wait_for_exit(pid, 30):
+            sys.exit(f"dev.py: the server (pid {pid}) is still running after 30 s; kill it with `kill -9 {pid}`")
+        server_pid_file().unlink(missing_ok=True)
+        print("    the server stopped")
+    else:
+        print("    the server is not running")
+    if os.environ.get("DATABASE_URL"):
+        print(f"    database: {describe_database()}: not ours to stop")
+        return
+    postmaster = var_dir() / "pgdata" / "postmaster.pid"
+    if pid := running_pid(postmaster, "postgres", forget_stale=False):  # PostgreSQL minds its own file
+        try:
+            os.kill(pid, signal.SIGINT)  # PostgreSQL's fast shutdown: sessions end, the data is kept
+        except PermissionError:
+            sys.exit(f"dev.py: PostgreSQL (pid {pid}) runs as another user; stop it as that user or as root")
+        print(f"stopping the embedded PostgreSQL (pid {pid})…", flush=True)
+        if not wait_for_exit(pid, 60):
+            sys.exit(f"dev.py: PostgreSQL (pid {pid}) is still running after 60 s")
+        print("    the embedded PostgreSQL stopped")
+    else:
+        print("    the embedded PostgreSQL is not running")
+
+
+def wait_for_exit(pid: int, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def command_reset_demo(yes: bool) -> None:
+    ensure_venv(RUNTIME_LOCK)
+    log_file().parent.mkdir(parents=True, exist_ok=True)
+    manage_logged("reset_demo", *(["--yes"] if yes else []), log=log_file())
+
+
+def command_reset_password() -> None:
+    ensure_venv(RUNTIME_LOCK)
+    manage("ensureadmin", "--reset-password")
 
 
 def pgvector_pass(pytest_args: Sequence[str]) -> None:
@@ -335,6 +524,10 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     serve = commands.add_parser("run", help="set everything up and serve the dashboard")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    commands.add_parser("stop", help="stop the server `run` started and the embedded PostgreSQL")
+    reset = commands.add_parser("reset-demo", help="delete the demo threads and seed them again (asks first)")
+    reset.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    commands.add_parser("reset-password", help="give the admin a new password, kept in var/admin-password")
     commands.add_parser("test", help="lint, type-check and run the whole test suite (pytest args after --)")
     commands.add_parser("lint", help="ruff, ruff format --check, mypy, lint-imports")
     commands.add_parser("fmt", help="ruff format, ruff check --fix")
@@ -354,7 +547,13 @@ def main(argv: list[str]) -> int:
     use_venv_environment()
     try:
         if args.command == "run":
-            command_run(args.host, args.port)
+            return command_run(args.host, args.port)
+        elif args.command == "stop":
+            command_stop()
+        elif args.command == "reset-demo":
+            command_reset_demo(args.yes)
+        elif args.command == "reset-password":
+            command_reset_password()
         elif args.command == "test":
             command_test(pytest_args)
         elif args.command == "lint":

@@ -51,6 +51,8 @@ class ApprovalPagination(CursorPage):
 class ThreadApprovalsView(APIView):
     @extend_schema(request=ApprovalCreateSerializer, responses={201: ApprovalSchemaSerializer})
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        """Ask a person to approve an action at a checkpoint of the thread: the request waits in the inbox
+        and the thread waits for approval until someone decides or it expires."""
         thread = get_thread_for(request.user, thread_id)
         check_can_write(request.user, thread)
         serializer = ApprovalCreateSerializer(data=request.data)
@@ -76,6 +78,8 @@ class ApprovalListView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
+        """The approval and in-doubt requests on threads you may read, oldest first; filter by status,
+        agent, or those assigned to you."""
         query = ApprovalListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
         approvals = visible_approvals(request.user)
@@ -94,12 +98,16 @@ class ApprovalListView(APIView):
 class ApprovalDetailView(APIView):
     @extend_schema(responses=ApprovalSchemaSerializer)
     def get(self, request: Request, approval_id: uuid.UUID) -> Response:
+        """One approval or in-doubt request, with its decision once it has one."""
         return Response(approval_data(get_approval_for(request.user, approval_id)))
 
 
 class DecideView(APIView):
     @extend_schema(request=DecisionSerializer, responses={200: ApprovalSchemaSerializer})
     def post(self, request: Request, approval_id: uuid.UUID) -> Response:
+        """Decide a request (reviewers and admins): approve, optionally with edited `args`, or reject with a
+        comment; an in-doubt call is answered with whether it happened. Exactly one decision wins: a
+        second gets 409 `already_decided` naming who decided and when."""
         approval = get_approval_for(request.user, approval_id)
         user = request.user
         if not isinstance(user, User) or not user.has_perm("checkpoints.decide_approval"):

@@ -85,6 +85,8 @@ class PolicyPagination(CursorPage):
 class PolicyListView(APIView):
     @extend_schema(operation_id="v1_policies_list", responses=_page(PolicySchemaSerializer))
     def get(self, request: Request) -> Response:
+        """The approval policies: for an agent's action, how many approvals (or rejections) decide a
+        request, who may decide and what happens at the deadline."""
         _reader(request)
         paginator = PolicyPagination()
         page = paginator.paginate_queryset(selectors.policies_listed(), request, view=self)
@@ -94,6 +96,8 @@ class PolicyListView(APIView):
 
     @extend_schema(request=PolicyCreateSerializer, responses={201: PolicyDetailSchemaSerializer})
     def post(self, request: Request) -> Response:
+        """Create the approval policy of an agent's action (admins only); requests filed from now on follow
+        it."""
         user = _manager(request)
         serializer = PolicyCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -106,6 +110,7 @@ class PolicyListView(APIView):
 class PolicyDetailView(APIView):
     @extend_schema(responses=PolicyDetailSchemaSerializer)
     def get(self, request: Request, policy_id: int) -> Response:
+        """One approval policy with its current terms and its earlier versions."""
         _reader(request)
         return Response(_detail(policy_id))
 
@@ -138,6 +143,7 @@ class RulePagination(CursorPage):
 class RuleListView(APIView):
     @extend_schema(operation_id="v1_policies_rules_list", responses=_page(RuleSchemaSerializer))
     def get(self, request: Request) -> Response:
+        """The auto-approve rules, with how many requests each has approved."""
         _reader(request)
         paginator = RulePagination()
         page = paginator.paginate_queryset(selectors.rules_listed(), request, view=self)
@@ -146,6 +152,8 @@ class RuleListView(APIView):
 
     @extend_schema(request=RuleCreateSerializer, responses={201: RuleSchemaSerializer})
     def post(self, request: Request) -> Response:
+        """Create an auto-approve rule (admins only): a request for the rule's agent and action whose args
+        meet every condition, at or below the risk ceiling, is approved without a person."""
         user = _manager(request)
         serializer = RuleCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -161,6 +169,7 @@ class RuleListView(APIView):
 class RuleDetailView(APIView):
     @extend_schema(responses=RuleSchemaSerializer)
     def get(self, request: Request, rule_id: int) -> Response:
+        """One auto-approve rule, with how many requests it has approved."""
         _reader(request)
         rule = _rule(rule_id)
         return Response(rule_data(rule, approved=selectors.approved_count(rule)))

@@ -176,9 +176,10 @@ class RevokeSerializer(StrictSerializer):
 
 
 class SuggestQuerySerializer(serializers.Serializer[Any]):
-    agent = serializers.SlugField(max_length=64)
-    action = serializers.CharField(max_length=200)
-    last = serializers.IntegerField(min_value=2, max_value=rules.MAX_SUGGEST_LOOKBACK, required=False, default=5)
+    agent = serializers.SlugField(max_length=64, help_text="The agent whose decisions to look at.")
+    action = serializers.CharField(max_length=200, help_text="The action whose decisions to look at.")
+    last = serializers.IntegerField(min_value=2, max_value=rules.MAX_SUGGEST_LOOKBACK, required=False, default=5,
+                                    help_text="How many of the latest human decisions must agree.")  # fmt: skip
 
     def validate_agent(self, name: str) -> Agent:
         agent = agent_named(name)

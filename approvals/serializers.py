@@ -135,11 +135,16 @@ class DecisionSerializer(StrictSerializer):
 
 
 class ApprovalListQuerySerializer(serializers.Serializer[Any]):
-    status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False)
+    status = serializers.ChoiceField(choices=ApprovalStatus.choices, required=False,
+                                     help_text="Only the requests with this status.")  # fmt: skip
     assigned = serializers.ChoiceField(
         choices=["me"], required=False,
         help_text="me: only those the caller may decide and has not voted on (none for an agent key).",
     )  # fmt: skip
-    agent = serializers.SlugField(required=False, max_length=64)
-    cursor = serializers.CharField(required=False)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=200)
+    agent = serializers.SlugField(required=False, max_length=64, help_text="Only the requests of this agent's threads.")
+    cursor = serializers.CharField(
+        required=False, help_text="The `next` URL's cursor: the page after the previous one."
+    )
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=200, help_text="How many results a page holds, 1 to 200 (default 50)."
+    )

@@ -5,7 +5,7 @@ Usage (from /work/main)::
     .venv/bin/python bench/approvals.py            # 50 approvals
     .venv/bin/python bench/approvals.py --n 200
 
-A real worker (`manage.py run_agents --agent travel`, woken by NOTIFY) runs as a
+A real worker (`manage.py run_agents --agent demo-travel`, woken by NOTIFY) runs as a
 separate process against the `quicksave_bench` database. The bench starts N travel
 threads, waits until each waits on its `book_flight` approval, then approves them one
 at a time as a reviewer, through `approvals.services.decide`, and lets each thread
@@ -79,11 +79,13 @@ def percentile(values: list[float], q: int) -> float:
 
 
 def start_worker(log_path: Path) -> subprocess.Popen[bytes]:
+    from quicksave_agents.demo import TravelAgent
+
     env = {**os.environ, "DATABASE_URL": bench_database_url()}
     env.pop("QUICKSAVE_DEMO_CRASH", None)
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "manage.py", "run_agents", "--agent", "travel"],
+            [sys.executable, "manage.py", "run_agents", "--agent", TravelAgent.name],
             cwd=_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 

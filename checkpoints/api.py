@@ -82,6 +82,8 @@ class ThreadListView(APIView):
         ),
     )
     def get(self, request: Request) -> Response:
+        """List the threads you may read, most recently updated first; filter by agent, status, step, update
+        time and metadata."""
         params = _query(ThreadListQuerySerializer, request)
         try:
             contained = [selectors.parse_metadata_query(raw) for raw in params.get("q", [])]
@@ -98,6 +100,9 @@ class ThreadListView(APIView):
 
     @extend_schema(request=ThreadCreateSerializer, responses={201: ThreadDetailSerializer, 200: ThreadDetailSerializer})
     def post(self, request: Request) -> Response:
+        """Create a thread for an agent (an agent key creates threads for its own agent only). With an
+        `external_id` that the agent already has, the existing thread is returned with 200 instead of a
+        new one with 201."""
         serializer = ThreadCreateSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -153,6 +158,8 @@ def _thread_detail(thread_id: Any) -> dict[str, Any]:
 class ThreadDetailView(APIView):
     @extend_schema(responses=ThreadDetailSerializer)
     def get(self, request: Request, thread_id: uuid.UUID) -> Response:
+        """The thread with its head checkpoint (a summary, or null before the first checkpoint) and its
+        branches."""
         thread = get_thread_for(request.user, thread_id)
         return Response(_thread_detail(thread.pk))
 
@@ -207,6 +214,8 @@ class CheckpointListView(APIView):
         ),
     )
     def get(self, request: Request, thread_id: uuid.UUID) -> Response:
+        """The checkpoints of one branch (the active one unless `branch` names another), oldest first, as
+        summaries without state; `next` pages on."""
         thread = get_thread_for(request.user, thread_id)
         params = _query(CheckpointListQuerySerializer, request)
         branch = _branch(thread, params.get("branch"))
@@ -220,6 +229,9 @@ class CheckpointListView(APIView):
 
     @extend_schema(request=CheckpointCreateSerializer, responses={201: CheckpointSummarySerializer})
     def post(self, request: Request, thread_id: uuid.UUID) -> Response:
+        """Append a checkpoint: a full `state`, or a `patch` (RFC 6902) against the parent's state. `parent`
+        must be the head of its branch (null for the thread's first checkpoint), else 409 `stale_parent`
+        names the head."""
         thread = thread_for_write(request.user, thread_id)
         data = parse_checkpoint_body(request.data)
         checkpoint = storage.append_checkpoint(
@@ -257,6 +269,8 @@ def _branch(thread: Thread, name: str | None) -> Branch:
 class CheckpointDetailView(APIView):
     @extend_schema(responses=CheckpointDetailSerializer)
     def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
+        """One checkpoint: its summary and its full state, materialised and checked against its integrity
+        MAC."""
         checkpoint = get_checkpoint_for(request.user, checkpoint_id)
         node = storage.load_node(checkpoint.pk)  # raises IntegrityFailure if a replayed row was altered
         detail = checkpoint_summary(checkpoint, checkpoint.branch.name)
@@ -278,6 +292,8 @@ class CheckpointDiffView(APIView):
         ),
     )
     def get(self, request: Request, checkpoint_id: uuid.UUID) -> Response:
+        """What changed between two checkpoints of a thread, as RFC 6902 operations: applying `patch` to the
+        base's state gives the target's."""
         target = get_checkpoint_for(request.user, checkpoint_id)
         params = _query(DiffQuerySerializer, request)
         base_id = params.get("base") or target.parent_id
@@ -360,6 +376,8 @@ def _small(value: Any) -> bool:
 class ToolResultView(APIView):
     @extend_schema(responses=ToolResultSerializer)
     def get(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        """The tool result cached under this key in the thread, so a resumed agent does not call the tool
+        again."""
         thread = get_thread_for(request.user, thread_id)
         found = get_tool_result(thread=thread, key=key)
         if found is None:
@@ -368,6 +386,8 @@ class ToolResultView(APIView):
 
     @extend_schema(request=ToolResultPutSerializer, responses={201: ToolResultSerializer, 200: ToolResultSerializer})
     def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        """Cache a tool result under this key. Idempotent: when the key holds a result already, that first
+        result is returned (200) and kept."""
         thread = get_thread_for(request.user, thread_id)
         check_can_write(request.user, thread)
         serializer = ToolResultPutSerializer(data=request.data)

@@ -136,13 +136,23 @@ class ThreadCreateSerializer(StrictSerializer):
 
 
 class ThreadListQuerySerializer(serializers.Serializer[Any]):
-    agent = serializers.SlugField(required=False, max_length=64)
-    status = serializers.ChoiceField(required=False, choices=ThreadStatus.choices)
-    step = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
-    q = serializers.ListField(child=serializers.CharField(max_length=1000), required=False)
-    cursor = serializers.CharField(required=False)
+    agent = serializers.SlugField(
+        required=False, max_length=64, help_text="Only the threads of the agent of this name."
+    )
+    status = serializers.ChoiceField(required=False, choices=ThreadStatus.choices,
+                                     help_text="Only the threads with this status.")  # fmt: skip
+    step = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1,
+                                    help_text="Only the threads at this step.")  # fmt: skip
+    since = serializers.DateTimeField(required=False, help_text="Only the threads updated at or after this time.")
+    until = serializers.DateTimeField(required=False, help_text="Only the threads updated before this time.")
+    q = serializers.ListField(
+        child=serializers.CharField(max_length=1000), required=False,
+        help_text='Metadata the thread must contain: `key:value` or a JSON object such as `{"region": "eu"}`; '
+        "repeat it to require several.",
+    )  # fmt: skip
+    cursor = serializers.CharField(
+        required=False, help_text="The `next` URL's cursor: the page after the previous one."
+    )
 
 
 _CHECKPOINT_FIELDS: dict[str, tuple[type, ...]] = {
@@ -224,9 +234,14 @@ class CheckpointCreateSerializer(serializers.Serializer[Any]):
 
 
 class CheckpointListQuerySerializer(serializers.Serializer[Any]):
-    branch = serializers.CharField(required=False, max_length=100)
-    after_seq = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1, default=0)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100)
+    branch = serializers.CharField(required=False, max_length=100,
+                                   help_text="The branch to list (default: the thread's active branch).")  # fmt: skip
+    after_seq = serializers.IntegerField(
+        required=False, min_value=0, max_value=2**31 - 1, default=0,
+        help_text="Only the checkpoints after this position on the branch.",
+    )  # fmt: skip
+    limit = serializers.IntegerField(required=False, min_value=1, max_value=1000, default=100,
+                                     help_text="How many checkpoints a page holds, 1 to 1000.")  # fmt: skip
 
 
 class DiffQuerySerializer(serializers.Serializer[Any]):

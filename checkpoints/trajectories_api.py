@@ -20,14 +20,19 @@ from checkpoints.models import ThreadStatus
 
 
 class ExportQuerySerializer(serializers.Serializer[Any]):
-    agent = serializers.SlugField(required=False, max_length=64)
-    since = serializers.DateTimeField(required=False)
-    until = serializers.DateTimeField(required=False)
-    outcome = serializers.ChoiceField(required=False, choices=ThreadStatus.choices)
+    agent = serializers.SlugField(required=False, max_length=64, help_text="Only the threads of this agent.")
+    since = serializers.DateTimeField(required=False, help_text="Only the threads started at or after this time.")
+    until = serializers.DateTimeField(required=False, help_text="Only the threads started before this time.")
+    outcome = serializers.ChoiceField(required=False, choices=ThreadStatus.choices,
+                                      help_text="Only the threads with this status.")  # fmt: skip
 
 
 class PreferenceQuerySerializer(ExportQuerySerializer):
-    rejections = serializers.ChoiceField(required=False, choices=["skip", "comment"], default="skip")
+    rejections = serializers.ChoiceField(
+        required=False, choices=["skip", "comment"], default="skip",
+        help_text="A rejected action: `skip` leaves it out; `comment` pairs it with the reviewer's comment as the "
+        "preferred output.",
+    )  # fmt: skip
 
 
 def _query(serializer_class: type[serializers.Serializer[Any]], request: Request) -> dict[str, Any]:

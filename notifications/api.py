@@ -73,6 +73,7 @@ class EndpointListView(APIView):
         operation_id="v1_notification_endpoints_list", responses=_page("EndpointPage", EndpointSchemaSerializer)
     )
     def get(self, request: Request) -> Response:
+        """The notification endpoints (webhooks and email) with their subscriptions (admins only)."""
         check_can_manage(request.user)
         paginator = EndpointPagination()
         page = paginator.paginate_queryset(_endpoints(), request, view=self)
@@ -80,6 +81,8 @@ class EndpointListView(APIView):
 
     @extend_schema(request=EndpointWriteSerializer, responses={201: EndpointSchemaSerializer})
     def post(self, request: Request) -> Response:
+        """Create a notification endpoint with its subscriptions (admins only); a webhook's signing secret
+        is in this response only."""
         user = check_can_manage(request.user)
         serializer = EndpointWriteSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -98,11 +101,14 @@ class EndpointListView(APIView):
 class EndpointDetailView(APIView):
     @extend_schema(responses=EndpointSchemaSerializer)
     def get(self, request: Request, endpoint_id: uuid.UUID) -> Response:
+        """One notification endpoint with its subscriptions (admins only)."""
         check_can_manage(request.user)
         return Response(endpoint_data(_endpoint(endpoint_id)))
 
     @extend_schema(request=EndpointWriteSerializer(partial=True), responses=EndpointSchemaSerializer)
     def patch(self, request: Request, endpoint_id: uuid.UUID) -> Response:
+        """Change an endpoint's name, address, recipients, subscriptions or whether it is enabled (admins
+        only); its kind stays."""
         user = check_can_manage(request.user)
         endpoint = _endpoint(endpoint_id)
         serializer = EndpointWriteSerializer(data=request.data, partial=True, endpoint=endpoint)
@@ -118,6 +124,8 @@ class EndpointDetailView(APIView):
 
     @extend_schema(responses={204: None})
     def delete(self, request: Request, endpoint_id: uuid.UUID) -> Response:
+        """Delete a notification endpoint and its subscriptions (admins only); its past deliveries stay
+        readable in the audit trail."""
         user = check_can_manage(request.user)
         endpoints.delete_endpoint(endpoint=_endpoint(endpoint_id), actor=user, address=client_address(request))
         return Response(status=status.HTTP_204_NO_CONTENT)
@@ -126,6 +134,8 @@ class EndpointDetailView(APIView):
 class RotateSecretView(APIView):
     @extend_schema(request=None, responses=EndpointSchemaSerializer)
     def post(self, request: Request, endpoint_id: uuid.UUID) -> Response:
+        """Give a webhook endpoint a new signing secret, shown in this response only (admins only); the old
+        one stops signing at once."""
         user = check_can_manage(request.user)
         secret = endpoints.rotate_secret(endpoint=_endpoint(endpoint_id), actor=user, address=client_address(request))
         return Response(endpoint_data(_endpoint(endpoint_id), secret=secret))
@@ -135,6 +145,7 @@ class DeliveryListView(APIView):
     @extend_schema(operation_id="v1_notification_deliveries_list", parameters=[DeliveryListQuerySerializer],
                    responses=_page("DeliveryPage", DeliverySchemaSerializer))  # fmt: skip
     def get(self, request: Request) -> Response:
+        """The notification deliveries, newest first, filterable by endpoint and status (admins only)."""
         check_can_manage(request.user)
         query = DeliveryListQuerySerializer(data=request.query_params.dict())
         query.is_valid(raise_exception=True)
@@ -151,6 +162,7 @@ class DeliveryListView(APIView):
 class DeliveryDetailView(APIView):
     @extend_schema(responses=DeliverySchemaSerializer)
     def get(self, request: Request, delivery_id: int) -> Response:
+        """One delivery with each attempt to send it (admins only)."""
         check_can_manage(request.user)
         return Response(delivery_data(_delivery(delivery_id), attempts=True))
 
@@ -158,6 +170,7 @@ class DeliveryDetailView(APIView):
 class RedeliverView(APIView):
     @extend_schema(request=None, responses={201: DeliverySchemaSerializer})
     def post(self, request: Request, delivery_id: int) -> Response:
+        """Send a delivery again as a new delivery of the same message (admins only)."""
         user = check_can_manage(request.user)
         again = dispatch.resend(delivery=_delivery(delivery_id), actor=user, address=client_address(request))
         return Response(delivery_data(again, attempts=True), status=status.HTTP_201_CREATED)

@@ -201,7 +201,12 @@ class DeliverySchemaSerializer(serializers.Serializer[Any]):
 
 
 class DeliveryListQuerySerializer(serializers.Serializer[Any]):
-    endpoint = serializers.UUIDField(required=False)
-    status = serializers.ChoiceField(choices=DeliveryStatus.choices, required=False)
-    cursor = serializers.CharField(required=False)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=200)
+    endpoint = serializers.UUIDField(required=False, help_text="Only the deliveries to this endpoint (its id).")
+    status = serializers.ChoiceField(choices=DeliveryStatus.choices, required=False,
+                                     help_text="Only the deliveries with this status.")  # fmt: skip
+    cursor = serializers.CharField(
+        required=False, help_text="The `next` URL's cursor: the page after the previous one."
+    )
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=200, help_text="How many results a page holds, 1 to 200 (default 50)."
+    )

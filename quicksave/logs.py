@@ -94,26 +94,69 @@ class JsonFormatter(logging.Formatter):
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [request=%(request_id)s thread=%(thread_id)s] %(message)s"
 
 
-def logging_config(*, json_lines: bool, level: str) -> dict[str, Any]:
-    """settings.LOGGING: every line, uvicorn's included, through one handler on standard error."""
+# The packages whose lines are Quicksave's own (the console keeps these when a log file takes the rest).
+OWN_PACKAGES = frozenset({"quicksave", "checkpoints", "approvals", "quicksave_agents", "audit", "notifications",
+                          "memory", "integrations", "django.server"})  # fmt: skip
+
+
+class OwnLinesFilter(logging.Filter):
+    """Passes Quicksave's own lines, and errors of the server itself (a port already in use)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name.partition(".")[0] in OWN_PACKAGES:
+            return True
+        return record.name == "uvicorn.error" and record.levelno >= logging.ERROR
+
+
+class BriefFormatter(logging.Formatter):
+    """One short line a record for a person watching the console: the time, the level when it is
+    not INFO, the message; a traceback is left to the log file, which the line names."""
+
+    def __init__(self, log_file: str = "") -> None:
+        super().__init__("%(asctime)s %(message)s", datefmt="%H:%M:%S")
+        self.log_file = log_file
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = f"{self.formatTime(record, self.datefmt)} "
+        if record.levelno != logging.INFO:
+            line += f"{record.levelname.lower()}: "
+        line += record.getMessage()
+        if record.exc_info and record.exc_info[0] is not None:
+            line += f" ({record.exc_info[0].__name__}; the traceback is in {self.log_file})"
+        return line
+
+
+def logging_config(*, json_lines: bool, level: str, log_file: str = "") -> dict[str, Any]:
+    """settings.LOGGING: every line, uvicorn's included, through one handler on standard error.
+
+    With `log_file` (QUICKSAVE_LOG_FILE, which `dev.py run` sets) every line goes to that file
+    instead, and the console keeps Quicksave's own lines, one short line each: the access log,
+    libraries' warnings and tracebacks stay out of a person's way, and in the file."""
     handler = {
         "class": "logging.StreamHandler",
         "filters": ["context"],
         "formatter": "json" if json_lines else "text",
     }
+    handlers: dict[str, Any] = {"console": handler}
+    everywhere = ["console"]
+    if log_file:
+        handlers["file"] = {**handler, "class": "logging.FileHandler", "filename": log_file, "encoding": "utf-8"}
+        handlers["console"] = {"class": "logging.StreamHandler", "filters": ["own"], "formatter": "brief"}
+        everywhere = ["console", "file"]
     # uvicorn configures its loggers before it loads the app; these replace its handlers so its
     # lines (the access log, start-up and shutdown) have the same shape as everyone else's.
-    uvicorn = {"handlers": ["console"], "level": level, "propagate": False}
+    uvicorn = {"handlers": everywhere, "level": level, "propagate": False}
     return {
         "version": 1,
         "disable_existing_loggers": False,
-        "filters": {"context": {"()": "quicksave.logs.ContextFilter"}},
+        "filters": {"context": {"()": "quicksave.logs.ContextFilter"}, "own": {"()": "quicksave.logs.OwnLinesFilter"}},
         "formatters": {
             "json": {"()": "quicksave.logs.JsonFormatter"},
             "text": {"format": TEXT_FORMAT},
+            "brief": {"()": "quicksave.logs.BriefFormatter", "log_file": log_file},
         },
-        "handlers": {"console": handler},
-        "root": {"handlers": ["console"], "level": level},
+        "handlers": handlers,
+        "root": {"handlers": everywhere, "level": level},
         "loggers": {
             "uvicorn": uvicorn,
             "uvicorn.error": {"handlers": [], "level": level, "propagate": True},  # through "uvicorn"

@@ -250,6 +250,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Summaries from the operations' descriptions; the path parameters described (quicksave/api_docs.py).
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "quicksave.api_docs.describe"],
     # Threads (and checkpoints) and approvals each have a `status` with its own choices.
     "ENUM_NAME_OVERRIDES": {
         "ThreadStatusEnum": "checkpoints.models.ThreadStatus",
@@ -356,7 +358,9 @@ TESTING = "pytest" in sys.modules or os.environ.get("QUICKSAVE_TESTING") == "1"
 QUICKSAVE_LOG_FORMAT = envstr("QUICKSAVE_LOG_FORMAT", "json" if QUICKSAVE_PRODUCTION else "text")
 if QUICKSAVE_LOG_FORMAT not in {"json", "text"}:
     raise ConfigError(f"QUICKSAVE_LOG_FORMAT must be json or text, got {QUICKSAVE_LOG_FORMAT!r}")
-LOGGING = logging_config(json_lines=QUICKSAVE_LOG_FORMAT == "json", level=envstr("LOG_LEVEL", "INFO"))
+# QUICKSAVE_LOG_FILE (set by `dev.py run`): every line to that file, only Quicksave's own to the console.
+LOGGING = logging_config(json_lines=QUICKSAVE_LOG_FORMAT == "json", level=envstr("LOG_LEVEL", "INFO"),
+                         log_file=envstr("QUICKSAVE_LOG_FILE"))  # fmt: skip
 
 # Metrics (quicksave/metrics.py, quicksave/scrape.py): GET /metrics with this bearer token; unset,
 # /metrics answers 404. run_agents --metrics-port serves a worker's own on an internal address.

@@ -114,6 +114,8 @@ def _fence(request: Request) -> Fence | None:
 class ClaimView(APIView):
     @extend_schema(request=ClaimSerializer, responses={200: RUN_ENVELOPE, 204: None})
     def post(self, request: Request) -> Response:
+        """Claim the oldest queued run of your agent under a lease (agent keys only). With `wait`, the
+        request waits up to that many seconds (at most 30) for a run to be queued; 204 when none came."""
         principal = _agent_principal(request)
         serializer = ClaimSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -140,6 +142,8 @@ class ClaimView(APIView):
 class HeartbeatView(APIView):
     @extend_schema(request=FencedSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        """Keep the lease of a run you hold; send the run's `fence`. A run whose lease was lost answers 409
+        `lease_lost`: stop working on it."""
         principal = _agent_principal(request)
         run = runs.heartbeat(run=_own_run(principal, run_id), worker=_worker(principal), fence=_fence(request))
         return Response({"run": run_data(run)})
@@ -148,6 +152,7 @@ class HeartbeatView(APIView):
 class CompleteView(APIView):
     @extend_schema(request=FencedSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        """Close a run you hold as completed; send the run's `fence`."""
         principal = _agent_principal(request)
         run = runs.finish_run(run=_own_run(principal, run_id), worker=_worker(principal), status=RunStatus.COMPLETED,
                               fence=_fence(request))  # fmt: skip
@@ -157,6 +162,7 @@ class CompleteView(APIView):
 class FailView(APIView):
     @extend_schema(request=FailSerializer, responses=RUN_ENVELOPE)
     def post(self, request: Request, run_id: uuid.UUID) -> Response:
+        """Close a run you hold as failed, with the `error` that a person will read; send the run's `fence`."""
         principal = _agent_principal(request)
         serializer = FailSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -211,6 +217,8 @@ class ToolCallView(APIView):
 
     @extend_schema(responses=ToolCallSchemaSerializer)
     def get(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        """The tool call recorded under this key: its intent, state (`pending`, `done` or `in_doubt`) and
+        result."""
         thread = _thread(request, thread_id, write=False)
         call = ToolCall.objects.filter(thread=thread, key=_key(key)).first()
         if call is None:
@@ -220,6 +228,9 @@ class ToolCallView(APIView):
     @extend_schema(request=ToolCallIntentSerializer, responses={200: ToolCallBegunSerializer,
                                                                 201: ToolCallBegunSerializer})  # fmt: skip
     def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        """Record the intent of a tool call before making it. `proceed: true` says call the tool now; a call
+        done before returns its recorded result; a call started by an attempt that recorded no result
+        answers 409 `in_doubt` and goes to a person."""
         thread = _thread(request, thread_id, write=True)
         serializer = ToolCallIntentSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)
@@ -246,6 +257,7 @@ class ToolCallView(APIView):
 class ToolCallResultView(APIView):
     @extend_schema(request=ToolCallResultSerializer, responses=ToolCallSchemaSerializer)
     def put(self, request: Request, thread_id: uuid.UUID, key: str) -> Response:
+        """Record the result of a tool call whose intent was recorded, once the tool returned."""
         thread = _thread(request, thread_id, write=True)
         serializer = ToolCallResultSerializer(data=request.data)
         serializer.is_valid(raise_exception=True)

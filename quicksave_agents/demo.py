@@ -1,11 +1,14 @@
 """Three deterministic demo agents (no network, no language model) that show what Quicksave is for.
 
-- travel: searches flights with a priced fake tool, asks approval to book the best one; once
+Their names start with `demo-`: the worker drives every thread of a registered agent, so a demo
+agent named like one of yours (`travel`) would run the demo's code on your threads.
+
+- demo-travel: searches flights with a priced fake tool, asks approval to book the best one; once
   approved it re-checks the price and, if it moved since the request, asks again instead of booking.
-- code-review: reviews ten files, one per step, posting each review (not idempotent). A crash can
+- demo-code-review: reviews ten files, one per step, posting each review (not idempotent). A crash can
   be injected at file 8; after a restart it resumes at file 8 and no file is reviewed twice: a
   review that may have been posted without its result recorded is put to a person.
-- migration: a wrong batch size chosen at step 15 makes step 20 fail — material for rewind and branch.
+- demo-migration: a wrong batch size chosen at step 15 makes step 20 fail — material for rewind and branch.
 
 Every fake tool with a side effect appends one line to the ledger file named by
 QUICKSAVE_DEMO_LEDGER (when set), so tests can count side effects across processes.
@@ -67,7 +70,7 @@ def _price(flight: str, check: int, jump: bool) -> int:
 
 @register
 class TravelAgent(Agent):
-    name = "travel"
+    name = "demo-travel"
     action_schemas = {
         "book_flight": {
             "type": "object",
@@ -160,7 +163,7 @@ def _book_flight(quote: dict[str, Any], idempotency_key: str) -> dict[str, Any]:
 
 @register
 class CodeReviewAgent(Agent):
-    name = "code-review"
+    name = "demo-code-review"
 
     def initial_state(self, **inputs: Any) -> dict[str, Any]:
         return {"files": FILES, "next": 0, "reviews": {}, "repository": inputs.get("repository", "acme/shop")}
@@ -187,7 +190,7 @@ def _review_file(args: dict[str, Any]) -> dict[str, Any]:
 
 @register
 class MigrationAgent(Agent):
-    name = "migration"
+    name = "demo-migration"
 
     def initial_state(self, **inputs: Any) -> dict[str, Any]:
         return {"tables": TABLES, "migrated": [], "settings": {}, "log": []}

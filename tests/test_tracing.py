@@ -131,7 +131,7 @@ def topology(receiver: Receiver, tmp_path: Path) -> Iterator[tuple[int, int, Wor
     """Two servers (a, b) sharing Redis, and a worker for the travel agent, all tracing."""
     ports = [free_port(), free_port()]
     servers = [start_server(port, otel_env(receiver, f"web-{name}")) for port, name in zip(ports, "ab", strict=True)]
-    workers = Workers(tmp_path, agent="travel", lease_seconds=10, env=otel_env(receiver, "worker"))
+    workers = Workers(tmp_path, agent=TravelAgent.name, lease_seconds=10, env=otel_env(receiver, "worker"))
     try:
         yield ports[0], ports[1], workers
     finally:

@@ -31,7 +31,7 @@ from integrations.adk.runner import register_adk_agent
 from integrations.adk.sessions import QuicksaveSessionService, find_thread
 from quicksave_agents.demo import register_seeder
 
-APP = "adk-concierge"
+APP = "demo-adk-concierge"
 USER = "demo-user"
 SESSION = "demo-hotel-rome"
 

@@ -20,7 +20,7 @@ from integrations.openai_agents.runner import register_agent, run_agent
 from integrations.openai_agents.session import QuicksaveSession
 from quicksave_agents.demo import register_seeder
 
-DEMO = "openai-agents-hotel"
+DEMO = "demo-openai-agents-hotel"
 CONVERSATION = "demo-openai-agents-porto"
 RUN_CONFIG = RunConfig(tracing_disabled=True)
 # Model calls one run of the demo may make (a step is used per call; the worker builds a new agent each run).

@@ -29,7 +29,7 @@ from integrations.pydantic_ai.agent import QuicksaveAgent
 from integrations.pydantic_ai.runner import register_agent
 from quicksave_agents.demo import register_seeder
 
-DEMO = "pydantic-ai-travel"
+DEMO = "demo-pydantic-ai-travel"
 CONVERSATION = "demo-pydantic-ai-lisbon"
 FARES: list[dict[str, Any]] = [
     {"flight": "TP1351", "to": "LIS", "price": 142},

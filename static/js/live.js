@@ -5,9 +5,10 @@
 const LABELS = { connecting: "Connecting…", live: "Live", down: "Offline — reconnecting…" };
 
 // `ordered` feeds (one thread) carry one seq sequence; the inbox mixes threads, so it
-// does not track seq and relies on the server's inbox.sync after every reconnect.
-export function connectFeed({ path, afterSeq = 0, ordered = true, onEvent, onSync = () => {}, onReconnect = () => {} }) {
-  const indicator = document.getElementById("live-status");
+// does not track seq and relies on the server's inbox.sync after every reconnect. A feed with
+// `status: false` (the nav's inbox count) leaves the page's live indicator to the page's own feed.
+export function connectFeed({ path, afterSeq = 0, ordered = true, status = true, onEvent, onSync = () => {}, onReconnect = () => {} }) {
+  const indicator = status ? document.getElementById("live-status") : null;
   let lastSeq = afterSeq;
   let attempt = 0;
   let socket = null;

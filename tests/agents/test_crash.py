@@ -54,7 +54,7 @@ class Workers:
         log = open(self.directory / f"worker-{len(self.processes) + 1}.log", "wb")  # noqa: SIM115
         with log:
             process = subprocess.Popen(
-                [sys.executable, "manage.py", "run_agents", "--agent", "code-review",
+                [sys.executable, "manage.py", "run_agents", "--agent", CodeReviewAgent.name,
                  "--lease", str(LEASE_SECONDS), "--poll", "0.2"],
                 cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip

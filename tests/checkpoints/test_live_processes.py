@@ -84,7 +84,7 @@ def test_a_websocket_on_one_server_hears_writes_through_the_other_and_the_worker
     servers: list[int], redis_available: str
 ) -> None:
     server_a, server_b = servers
-    agent = get_or_create_agent(name="code-review")
+    agent = get_or_create_agent(name=CodeReviewAgent.name)
     _, key = create_agent_key(agent=agent)
     api_b = httpx.Client(base_url=f"http://127.0.0.1:{server_b}", headers={"Authorization": f"Bearer {key}"})
     written_thread = api_b.post("/api/v1/threads/", json={"external_id": "through-b"}).json()
@@ -110,7 +110,7 @@ def test_a_websocket_on_one_server_hears_writes_through_the_other_and_the_worker
         )  # fmt: skip
         assert response.status_code == 201, response.text
         worker = subprocess.Popen(
-            [sys.executable, "manage.py", "run_agents", "--agent", "code-review", "--poll", "0.2"],
+            [sys.executable, "manage.py", "run_agents", "--agent", CodeReviewAgent.name, "--poll", "0.2"],
             cwd=ROOT, env={**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": redis_available},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip

@@ -170,7 +170,7 @@ class Topology:
         self.bouncer = bouncer
         self.ports = [free_port(), free_port()]
         self.servers: list[subprocess.Popen[bytes]] = []
-        self.workers = WorkerProcesses(directory, agent="travel", lease_seconds=10, env=self.env,
+        self.workers = WorkerProcesses(directory, agent=TravelAgent.name, lease_seconds=10, env=self.env,
                                        poll_seconds=WORKER_POLL_SECONDS)  # fmt: skip
 
     def start(self) -> None:

@@ -113,7 +113,7 @@ def test_an_inbox_filtered_to_an_agent_with_nothing_pending_stays_put(browser: A
     """The feed tells of every pending approval, the filtered-out ones too: the empty page must not
     take them for news and reload itself on every sync (it did, four times a second)."""
     make_person("rita", "reviewer")
-    suspended_trip("trip-elsewhere")  # pending, for the agent `travel`
+    suspended_trip("trip-elsewhere")  # pending, for the agent `demo-travel`
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     rita = Pages(context.new_page(), server_url, "filtered-inbox")
     rita.login("rita")
@@ -127,7 +127,7 @@ def test_an_inbox_filtered_to_an_agent_with_nothing_pending_stays_put(browser: A
     assert len(loads) == 1, loads
     assert rita.page.locator("h2").first.inner_text() == "No approvals match these filters"
     assert rita.page.locator("#f-agent").input_value() == "nobody"
-    assert rita.page.locator("#agents-list option[value='travel']").count() == 1
+    assert rita.page.locator(f"#agents-list option[value='{TravelAgent.name}']").count() == 1
     rita.shot("filtered to nothing")
     context.close()
 

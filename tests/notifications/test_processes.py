@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 
 from checkpoints.models import Thread
 from notifications.models import Delivery, DeliveryStatus
+from quicksave_agents.demo import TravelAgent
 from tests.notifications.conftest import suspend, webhook
 from tests.notifications.receiver import Receiver
 from tests.processes import ROOT, Workers, database_url
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Workers]:
-    started = Workers(tmp_path, agent="travel", lease_seconds=30)
+    started = Workers(tmp_path, agent=TravelAgent.name, lease_seconds=30)
     yield started
     started.kill_all()
 

@@ -9,6 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from checkpoints.models import Checkpoint, Thread
 from quicksave_agents import tool_calls
 from quicksave_agents.demo import FILES, CodeReviewAgent, MigrationAgent, TravelAgent, seeders
+from quicksave_agents.demo_threads import describe
 from quicksave_agents.runtime import start_thread
 from quicksave_agents.worker import Worker, load_agent_modules
 
@@ -17,7 +18,7 @@ class Command(BaseCommand):
     help = (
         "Create the demo threads (travel waiting for approval, a finished code review, a code review whose "
         "worker died while posting a review, a migration that failed at step 20) and drive their runs in this "
-        "process. Safe to run again: existing demo threads stay."
+        "process, then say what each is doing. Safe to run again: existing demo threads stay as they are."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -33,17 +34,21 @@ class Command(BaseCommand):
         ]
         load_agent_modules()  # the agent modules' own demos (an integration's) register as they load
         started += [seed() for seed in seeders()]
-        self.stdout.write(f"Demo threads: {', '.join(thread.external_id or str(thread.pk) for thread in started)}")
-        if options["no_run"]:
-            return
-        worker = Worker(name="seed_demo")
-        driven = 0
-        while worker.run_once():
-            driven += 1
-        self.stdout.write(
-            f"Drove {driven} run(s); the travel threads wait for approval in the inbox, beside a review "
-            "that may or may not have been posted."
-        )
+        if not options["no_run"]:
+            worker = Worker(name="seed_demo")
+            while worker.run_once():
+                pass
+        # What each thread is doing now, read back: on a second run some were decided, resumed or reset.
+        rows = describe(Thread.objects.filter(pk__in=[thread.pk for thread in started]))
+        width = max(len(row.name) for row in rows)
+        self.stdout.write("Demo threads:")
+        for row in rows:
+            self.stdout.write(f"  {row.name.ljust(width)}  {row.doing}")
+        waiting = sum(row.pending for row in rows)
+        if waiting:
+            self.stdout.write(f"{waiting} demo request(s) wait in the inbox.")
+        else:
+            self.stdout.write("No demo request waits in the inbox (python3 dev.py reset-demo starts the demo again).")
 
 
 def _review_whose_worker_died() -> Thread:

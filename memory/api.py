@@ -102,10 +102,10 @@ def _cursor_in(raw: str | None, name: str) -> Any:
         return None
     try:
         decoded = json.loads(base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)))
-    except (ValueError, binascii.Error):
+    except (ValueError, binascii.Error, RecursionError):
         decoded = None
     if not isinstance(decoded, dict) or name not in decoded:
-        raise ValidationError({"cursor": "is not a cursor this list handed out: follow `next` or leave it out."})
+        raise _bad_cursor()
     return decoded[name]
 
 
@@ -265,7 +265,10 @@ class ItemView(APIView):
             raise ValidationError({"key": "may not end in `/history` over the API: that path is the item's history."})
         data = _body(ItemPutSerializer, request)
         fields = data.get("index")
-        texts = index_texts(data["value"], check_fields(fields)) if fields else None
+        texts = None
+        if fields:
+            store.check_value(data["value"])  # its depth and size, before its texts are taken
+            texts = index_texts(data["value"], check_fields(fields))
         written = store.put_item(
             namespace=path, key=key, value=data["value"], author=_author(request.user), scope=scope,
             origin=_origin(request.user, data.get("thread"), data.get("checkpoint")),

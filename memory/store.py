@@ -129,6 +129,11 @@ def _canonical(value: Any) -> bytes:
     return canonical
 
 
+def check_value(value: Any) -> None:
+    """Refuse a value put_item would refuse for its shape or size (InvalidValue, ValueTooLarge)."""
+    _canonical(value)
+
+
 def _check_index(index: list[IndexText] | None) -> list[IndexText]:
     for entry in index or ():
         if entry.embedding is not None and (

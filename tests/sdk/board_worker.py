@@ -3,10 +3,11 @@ Django): take a task's lease, mark it working, do it, mark it done under the lea
 compare-and-set), release. Started by tests/sdk/test_memory.py, three at a time, one of them
 killed mid-task.
 
-    python -m tests.sdk.board_worker URL KEY HOLDER BOARD [--hang]
+    python -m tests.sdk.board_worker URL KEY HOLDER BOARD [--hang-after N]
 
 Each line it prints says what it did: `working <task>`, `done <task> v<version>`, `lost <task>`.
-With --hang it stops for good in the middle of its first task (holding its lease), to be killed.
+With --hang-after N it completes N tasks, then stops for good in the middle of the next one
+(`hanging <task>`), its lease still renewed by its side thread as a live process's is, to be killed.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ import time
 from quicksave_sdk import Client, LeaseLost, VersionConflict
 
 TTL_SECONDS = 2.0
-WORK_SECONDS = 0.05
+WORK_SECONDS = 0.1
 
 
-def work(url: str, key: str, holder: str, board_name: str, hang: bool) -> int:
+def work(url: str, key: str, holder: str, board_name: str, hang_after: int) -> int:
+    completed = 0
     with Client(url, key, timeout=30) as qs:
         board = qs.memory.board(board_name.split("."))
         while True:
@@ -43,7 +45,8 @@ def work(url: str, key: str, holder: str, board_name: str, hang: bool) -> int:
                         started = board.put(task.key, {**current.value, "status": "working", "by": holder},
                                             lease=lease, expected_version=current.version)  # fmt: skip
                         print(f"working {task.key}", flush=True)
-                        if hang:
+                        if completed == hang_after:
+                            print(f"hanging {task.key}", flush=True)
                             time.sleep(3600)  # mid-task, lease held: the test kills this process here
                         time.sleep(WORK_SECONDS)
                         if lost.is_set():
@@ -54,6 +57,7 @@ def work(url: str, key: str, holder: str, board_name: str, hang: bool) -> int:
                         print(f"lost {task.key} {refused.code}", flush=True)
                         continue
                     print(f"done {task.key} v{done.version}", flush=True)
+                    completed += 1
                 try:
                     lease.release()
                 except LeaseLost:
@@ -68,9 +72,9 @@ def main() -> int:
     parser.add_argument("key")
     parser.add_argument("holder")
     parser.add_argument("board")
-    parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--hang-after", type=int, default=-1)
     args = parser.parse_args()
-    return work(args.url, args.key, args.holder, args.board, args.hang)
+    return work(args.url, args.key, args.holder, args.board, args.hang_after)
 
 
 if __name__ == "__main__":

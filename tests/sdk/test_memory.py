@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from quicksave_sdk import Client, LeaseHeld, LeaseLost, VersionConflict
+from quicksave_sdk import Board, Client, LeaseHeld, LeaseLost, NotFound, VersionConflict
 
 from memory import selectors
 from memory.access import EVERYTHING
@@ -127,6 +127,27 @@ def test_a_board_lease_fences_a_late_holder_and_the_feed_lists_the_changes(clien
 
 
 @live
+def test_an_agent_follows_a_board_over_its_websocket_from_a_seq_then_live(client: Client, server_url: str) -> None:
+    board = client.memory.board(("team", "watched"))
+    board.put("t1", {"status": "open"})
+    board.put("t2", {"status": "open"})
+    feed = board.watch(after_seq=1, timeout=10)
+
+    replayed = next(feed)
+    board.put("t1", {"status": "done"})
+    live_event = next(feed)
+    feed.close()
+
+    assert (replayed.seq, replayed.type, replayed.key) == (2, "item.written", "t2")
+    assert (live_event.seq, live_event.type, live_event.key, live_event.data["version"]) == (3, "item.written", "t1", 2)
+    other = create_agent_key(agent=get_or_create_agent(name="code-review"))[1]
+    with Client(server_url, other) as theirs:
+        foreign = Board(theirs.memory, ("team", "watched"))
+        with pytest.raises(NotFound):
+            next(foreign.watch(timeout=10))
+
+
+@live
 def test_keeping_a_lease_renews_it_past_its_time_to_live(client: Client) -> None:
     board = client.memory.board(("team", "renewed"))
     lease = board.acquire("t1", holder="w", ttl_seconds=0.6)
@@ -138,13 +159,13 @@ def test_keeping_a_lease_renews_it_past_its_time_to_live(client: Client) -> None
     board.put("t1", {"still": "mine"}, lease=lease)
 
 
-def _worker(server_url: str, key: str, holder: str, log: Path, *, hang: bool = False) -> subprocess.Popen[bytes]:
+def _worker(server_url: str, key: str, holder: str, log: Path, *, hang_after: int = -1) -> subprocess.Popen[bytes]:
     """An agent process using only the SDK (its own Python, the checkout's SDK on its path)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "sdk" / "src"), str(ROOT)])}
-    command = [sys.executable, "-m", "tests.sdk.board_worker", server_url, key, holder, "team.work"]
+    command = [sys.executable, "-m", "tests.sdk.board_worker", server_url, key, holder, "team.work",
+               "--hang-after", str(hang_after)]  # fmt: skip
     with log.open("wb") as out:
-        return subprocess.Popen([*command, *(["--hang"] if hang else [])], cwd=ROOT, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
 
 
 @live
@@ -159,13 +180,17 @@ def test_three_agent_processes_complete_every_task_exactly_once_when_one_is_kill
 
     with tempfile.TemporaryDirectory() as folder:
         logs = {name: Path(folder) / f"{name}.log" for name in ("victim", "w1", "w2")}
-        victim = _worker(server_url, api_key, "victim", logs["victim"], hang=True)
-        workers = [_worker(server_url, api_key, name, logs[name]) for name in ("w1", "w2")]
-        processes = [victim, *workers]
+        # The victim completes two tasks, then stops in the middle of its third, holding its lease.
+        victim = _worker(server_url, api_key, "victim", logs["victim"], hang_after=2)
+        processes = [victim]
         try:
-            held = wait_until(lambda: _line(logs["victim"], "working "), what="the victim to start a task",
+            held = wait_until(lambda: _line(logs["victim"], "hanging "), what="the victim to hang mid-task",
                               timeout=60)  # fmt: skip
-            victim.send_signal(signal.SIGKILL)  # mid-task, holding its lease
+            workers = [_worker(server_url, api_key, name, logs[name]) for name in ("w1", "w2")]
+            processes += workers
+            wait_until(lambda: _line(logs["w1"], "done ") or _line(logs["w2"], "done "),
+                       what="the other workers to complete a task", timeout=60)  # fmt: skip
+            victim.send_signal(signal.SIGKILL)  # three processes at work; one dies mid-task
             victim.wait(timeout=10)
             for worker in workers:
                 worker.wait(timeout=120)
@@ -179,10 +204,11 @@ def test_three_agent_processes_complete_every_task_exactly_once_when_one_is_kill
     assert [w.returncode for w in workers] == [0, 0], outputs
     assert victim.returncode == -signal.SIGKILL
     victims_task = held.split()[1]
-    done_lines = [line.split()[1] for name in ("w1", "w2") for line in outputs[name].splitlines()
+    done_lines = [line.split()[1] for output in outputs.values() for line in output.splitlines()
                   if line.startswith("done ")]  # fmt: skip
-    assert sorted(done_lines) == tasks, outputs  # every task reported done once, by a living worker
-    assert "done" not in outputs["victim"]
+    assert sorted(done_lines) == tasks, outputs  # every task reported done once
+    assert len([line for line in outputs["victim"].splitlines() if line.startswith("done ")]) == 2
+    assert victims_task not in [line.split()[1] for line in outputs["victim"].splitlines() if line.startswith("done")]
     for task in tasks:
         history = selectors.item_history(namespace=("team", "work"), key=task, scope=EVERYTHING)
         assert history is not None

@@ -17,13 +17,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
 
-from quicksave_sdk.errors import LeaseHeld, LeaseLost, NotFound
+from quicksave_sdk.errors import LeaseHeld, LeaseLost, NotFound, error_from_response
 
 if TYPE_CHECKING:
     from quicksave_sdk.client import Client
 
 log = logging.getLogger("quicksave_sdk")
 Namespace = Sequence[str]
+# A refused socket's close code, as the HTTP status the API would answer.
+_CLOSE_STATUS = {4400: 400, 4401: 401, 4403: 403, 4404: 404, 4503: 503}
 
 
 def _time(value: str | None) -> datetime | None:
@@ -289,6 +291,31 @@ class Board:
         """The board's events after `after_seq`, oldest first (what the websocket feed replays)."""
         page = self._client.request("GET", self._base + "events/" + _query({"after_seq": after_seq, "limit": limit}))
         return [BoardEvent.from_json(data) for data in page["results"]]
+
+    def watch(self, *, after_seq: int = 0, timeout: float | None = None) -> Iterator[BoardEvent]:
+        """Follow the board's websocket: its events after `after_seq` (replayed), then live ones as
+        they happen, in order. Needs the `websockets` package (`events()` polls without it).
+        `timeout` bounds the wait for each event (TimeoutError); a refused socket raises the
+        error its close code means (NotFound for a board this agent may not use)."""
+        try:
+            from websockets.exceptions import ConnectionClosed
+            from websockets.sync.client import connect
+        except ImportError as exc:  # pragma: no cover - the test set installs it
+            raise RuntimeError("Board.watch needs the websockets package; Board.events polls without it.") from exc
+        http = self._client._http
+        base = str(http.base_url).rstrip("/")
+        url = "ws" + base.removeprefix("http") + f"/ws/memory/boards/{_dotted(self.namespace)}/?after_seq={after_seq}"
+        headers = {"Authorization": http.headers["Authorization"]}
+        with connect(url, additional_headers=headers, origin=base, open_timeout=self._client.timeout) as socket:  # type: ignore[arg-type]
+            while True:
+                try:
+                    raw = socket.recv(timeout=timeout)
+                except ConnectionClosed as closed:
+                    code = closed.rcvd.code if closed.rcvd is not None else 1006
+                    raise error_from_response(_CLOSE_STATUS.get(code, 0), None, f"websocket closed with {code}") from None
+                message = json.loads(raw)
+                if message.get("type") != "pong":
+                    yield BoardEvent.from_json(message)
 
 
 class Lease:

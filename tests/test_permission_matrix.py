@@ -41,6 +41,7 @@ CHANNEL_FORM = {"name": "new", "kind": "email", "recipients": "a@example.com", "
 APPROVAL = {"checkpoint": "{head}", "action": "pay"}
 LEASE = {"key": "t1", "holder": "w", "ttl_seconds": 30}
 RENEW = {"key": "t1", "fencing_token": 999, "ttl_seconds": 30}
+RELEASE = {"key": "t1", "fencing_token": 999}
 GRANT = {"prefix": ["world"], "agent": "code-review", "reason": "pair"}
 RULE = {"name": "small refunds", "action": "refund", "conditions": [{"path": "/amount", "op": "lt", "value": 20}]}
 POLICY_FORM = {"action": "book", "approvals_needed": 1, "rejections_needed": 1, "at_deadline": "reject"}
@@ -115,7 +116,7 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/memory/boards/world.board/leases/", None, (200, 404, 200, 200, 200, 401)),
     ("POST", "/api/v1/memory/boards/world.board/leases/", LEASE, (201, 404, 403, 403, 201, 401)),
     ("POST", "/api/v1/memory/boards/world.board/leases/renew/", RENEW, (409, 404, 403, 403, 409, 401)),
-    ("POST", "/api/v1/memory/boards/world.board/leases/release/", RENEW, (409, 404, 403, 403, 409, 401)),
+    ("POST", "/api/v1/memory/boards/world.board/leases/release/", RELEASE, (409, 404, 403, 403, 409, 401)),
     ("GET", "/api/v1/memory/grants/", None, (200, 200, 200, 200, 200, 401)),
     ("POST", "/api/v1/memory/grants/", GRANT, (403, 403, 403, 403, 201, 401)),
     ("POST", "/api/v1/memory/grants/{grant}/revoke/", {"reason": "done"}, (403, 403, 403, 403, 200, 401)),
@@ -343,7 +344,9 @@ async def test_websocket(application: Any, path: str, principal: str, expected: 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/api/v1/threads/", "/api/v1/approvals/"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/threads/", "/api/v1/approvals/", "/api/v1/memory/namespaces/", "/api/v1/memory/items/"]
+)
 def test_a_foreign_key_lists_none_of_the_owners_rows(path: str) -> None:
     world = build_world()
     owner = api_client(world, OWNER).get(path).json()["results"]

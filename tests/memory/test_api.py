@@ -13,7 +13,7 @@ from audit.models import AuditEntry
 from checkpoints import storage
 from checkpoints.models import Thread
 from memory.models import BoardEvent, ItemVersion, NamespaceGrant
-from quicksave_agents.models import Agent
+from quicksave_agents.models import Agent, AgentKey
 from tests.conftest import person
 
 pytestmark = pytest.mark.django_db
@@ -66,7 +66,7 @@ def test_an_agent_puts_gets_and_deletes_an_item_and_its_history_names_who_and_wh
         (3, True, None), (2, False, {"color": "blue"}), (1, False, {"color": "red"}),
     ]  # fmt: skip
     assert versions[1]["writer"] == "agent" and versions[1]["agent"] == "travel"
-    assert versions[1]["agent_key"] is not None and versions[1]["agent_key"].startswith("qs_")
+    assert versions[1]["agent_key"] == AgentKey.objects.get(agent=agent).prefix
     assert (versions[1]["thread"], versions[1]["checkpoint"]) == (str(thread.pk), str(checkpoint.pk))
     assert versions[2]["thread"] is None
 

@@ -29,8 +29,8 @@ from checkpoints.access import visible_threads
 from checkpoints.models import Checkpoint
 from memory import boards, selectors, sharing, store
 from memory.access import check_can_share, scope_for_reading, scope_for_writing
-from memory.models import Namespace, NamespaceGrant
 from memory.errors import InvalidNamespace
+from memory.models import Namespace, NamespaceGrant
 from memory.paths import Path, dotted, item_key, namespace_path, parse_dotted
 from memory.serializers import (
     BoardCreateSerializer,
@@ -151,10 +151,10 @@ class NamespaceListView(APIView):
             except InvalidNamespace:
                 raise _bad_cursor() from None
         limit = params["limit"]
+        prefix, suffix = _pattern(params.get("prefix"), "prefix"), _pattern(params.get("suffix"), "suffix")
         found = selectors.list_namespaces(
-            scope=scope, prefix=_pattern(params.get("prefix"), "prefix"), suffix=_pattern(params.get("suffix"), "suffix"),
-            max_depth=params.get("max_depth"), limit=limit + 1, after=after,
-        )  # fmt: skip
+            scope=scope, prefix=prefix, suffix=suffix, max_depth=params.get("max_depth"), limit=limit + 1, after=after
+        )
         more = len(found) > limit
         found = found[:limit]
         results = [{"namespace": list(path)} for path in found]
@@ -303,12 +303,19 @@ def _versions(versions: list[selectors.Version]) -> list[dict[str, Any]]:
     users = dict(User.objects.filter(pk__in={v.user_id for v in versions if v.user_id}).values_list("pk", "username"))
     return [
         {
-            "version": v.version, "deleted": v.deleted, "value": v.value, "created_at": v.created_at,
-            "writer": v.writer, "agent": agents.get(v.agent_id) if v.agent_id else None,
+            "version": v.version,
+            "deleted": v.deleted,
+            "value": v.value,
+            "created_at": v.created_at,
+            "writer": v.writer,
+            "agent": agents.get(v.agent_id) if v.agent_id else None,
             "agent_key": keys.get(v.agent_key_id) if v.agent_key_id else None,
-            "user": users.get(v.user_id) if v.user_id else None, "rule": v.rule,
-            "thread": v.thread_id, "checkpoint": v.checkpoint_id, "value_bytes": v.value_bytes,
-        }  # fmt: skip
+            "user": users.get(v.user_id) if v.user_id else None,
+            "rule": v.rule,
+            "thread": v.thread_id,
+            "checkpoint": v.checkpoint_id,
+            "value_bytes": v.value_bytes,
+        }
         for v in versions
     ]
 
@@ -401,8 +408,13 @@ class LeaseListView(APIView):
         held = boards.live_leases(namespace=_path(namespace), scope=scope_for_reading(request.user))
         agents = dict(Agent.objects.filter(pk__in={h.agent_id for h in held if h.agent_id}).values_list("pk", "name"))
         results = [
-            {"key": h.key, "holder": h.holder, "agent": agents.get(h.agent_id) if h.agent_id else None,
-             "acquired_at": h.acquired_at, "expires_at": h.expires_at}  # fmt: skip
+            {
+                "key": h.key,
+                "holder": h.holder,
+                "agent": agents.get(h.agent_id) if h.agent_id else None,
+                "acquired_at": h.acquired_at,
+                "expires_at": h.expires_at,
+            }
             for h in held
         ]
         return Response({"results": results, "next": None})
@@ -474,11 +486,13 @@ class GrantListView(APIView):
         """Every grant, newest first (people with the viewer role; an agent sees its own)."""
         scope = scope_for_reading(request.user)
         grants = NamespaceGrant.objects.select_related("agent", "granted_by", "revoked_by")
-        if not scope.everything:
+        if scope.agent_id is not None:
             grants = grants.filter(agent_id=scope.agent_id)
         return Response({"results": [_grant(g) for g in grants[:500]], "next": None})
 
-    @extend_schema(operation_id="v1_memory_grants_create", request=GrantCreateSerializer, responses={201: GrantSerializer})
+    @extend_schema(
+        operation_id="v1_memory_grants_create", request=GrantCreateSerializer, responses={201: GrantSerializer}
+    )
     def post(self, request: Request) -> Response:
         """Let an agent read and write every namespace under `prefix` (admins; audited with the reason)."""
         user = check_can_share(request.user)
@@ -505,4 +519,3 @@ class GrantRevokeView(APIView):
         sharing.revoke_grant(grant=grant, user=user, reason=data["reason"], address=client_address(request))
         grant = NamespaceGrant.objects.select_related("agent", "granted_by", "revoked_by").get(pk=grant_id)
         return Response(_grant(grant))
-

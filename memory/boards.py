@@ -216,13 +216,13 @@ def _holder(holder: Any) -> str:
 
 def _token(token: Any) -> int:
     if isinstance(token, bool) or not isinstance(token, int) or token < 1:
-        raise InvalidValue("fencing_token is the positive integer an acquire returned.", detail={"field": "fencing_token"})
+        raise InvalidValue(
+            "fencing_token is the positive integer an acquire returned.", detail={"field": "fencing_token"}
+        )
     return token
 
 
-def acquire_lease(
-    *, namespace: Path | list[str], key: str, holder: str, ttl_seconds: float, scope: Scope
-) -> Lease:
+def acquire_lease(*, namespace: Path | list[str], key: str, holder: str, ttl_seconds: float, scope: Scope) -> Lease:
     """Give `holder` the key for `ttl_seconds` (by the database's clock) with a new fencing token;
     LeaseHeld while another live lease holds it (the same holder included: renew instead)."""
     key, holder, ttl = item_key(key), _holder(holder), _ttl(ttl_seconds)

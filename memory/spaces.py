@@ -106,8 +106,8 @@ def ensure(path: Path, *, agent_id: int | None, board: bool = False) -> tuple[Sp
         master_key_id, wrapped = master.id, crypto.wrap_key(master, _wrap_ad(path), data_key)
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO memory_namespace (path, agent_id, master_key_id, wrapped_key, created_at, is_board, board_seq) "
-            "VALUES (%s::text[], %s, %s, %s, now(), %s, 0) ON CONFLICT (path) DO NOTHING RETURNING id",
+            "INSERT INTO memory_namespace (path, agent_id, master_key_id, wrapped_key, created_at, is_board, "
+            "board_seq) VALUES (%s::text[], %s, %s, %s, now(), %s, 0) ON CONFLICT (path) DO NOTHING RETURNING id",
             [list(path), agent_id, master_key_id, wrapped, board],
         )
         row = cursor.fetchone()
@@ -115,9 +115,7 @@ def ensure(path: Path, *, agent_id: int | None, board: bool = False) -> tuple[Sp
         made = find(path)
         assert made is not None
         return made, False
-    space = Space(
-        id=int(row[0]), path=path, agent_id=agent_id, key=AESGCM(data_key) if data_key else None, board=board
-    )
+    space = Space(id=int(row[0]), path=path, agent_id=agent_id, key=AESGCM(data_key) if data_key else None, board=board)
     _keep(space)
     return space, True
 

@@ -34,7 +34,9 @@ def check_fields(fields: Any) -> list[str]:
             '`index` is a list of field paths such as "text" or "notes[*].body".', detail={"field": "index"}
         )
     if len(fields) > MAX_FIELDS:
-        raise InvalidValue(f"`index` names at most {MAX_FIELDS} fields.", detail={"field": "index", "limit": MAX_FIELDS})
+        raise InvalidValue(
+            f"`index` names at most {MAX_FIELDS} fields.", detail={"field": "index", "limit": MAX_FIELDS}
+        )
     for field in fields:
         if field != "$" and not _PATH.fullmatch(field):
             raise InvalidValue(f"{field!r} is not a field path.", detail={"field": "index"})

@@ -11,7 +11,9 @@ urlpatterns = [
     path("namespaces/", api.NamespaceListView.as_view(), name="api-memory-namespaces"),
     path("items/", api.SearchView.as_view(), name="api-memory-search"),
     re_path(rf"^namespaces/{NAMESPACE}/items/$", api.NamespaceItemsView.as_view(), name="api-memory-items"),
-    re_path(rf"^namespaces/{NAMESPACE}/items/(?P<key>.+)/history/$", api.HistoryView.as_view(), name="api-memory-history"),
+    re_path(
+        rf"^namespaces/{NAMESPACE}/items/(?P<key>.+)/history/$", api.HistoryView.as_view(), name="api-memory-history"
+    ),
     re_path(rf"^namespaces/{NAMESPACE}/items/(?P<key>.+)/$", api.ItemView.as_view(), name="api-memory-item"),
     path("boards/", api.BoardListView.as_view(), name="api-memory-boards"),
     re_path(rf"^boards/{NAMESPACE}/$", api.BoardView.as_view(), name="api-memory-board"),

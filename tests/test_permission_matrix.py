@@ -245,7 +245,8 @@ def build_world() -> World:
     # A grant of another prefix than the world's, so that granting "world" stays possible.
     grant = sharing.grant_namespace(prefix=("elsewhere",), agent=get_or_create_agent(name="code-review"),
                                     user=maker, reason="world")  # fmt: skip
-    ids = {"thread": thread.pk, "grant": grant.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
+    ids = {"thread": thread.pk, "grant": grant.pk,
+           "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
            "policy": version.policy_id, "rule": rule.pk, "endpoint": endpoint.pk,
            "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
            "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2]}  # fmt: skip

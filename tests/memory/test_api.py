@@ -142,11 +142,13 @@ def test_a_person_with_the_admin_role_writes_as_themselves(admin_client: APIClie
 
 def test_search_filters_and_finds_words_and_pages_with_a_cursor(owner_client: APIClient) -> None:
     for n in range(5):
-        put(owner_client, f"/api/v1/memory/namespaces/tasks.open/items/t{n}/",
-            {"value": {"status": "open" if n % 2 == 0 else "done", "text": f"task number {n}"}, "index": ["text"]})  # fmt: skip
-    put(owner_client, "/api/v1/memory/namespaces/notes/items/n1/", {"value": {"text": "lisbon trip"}, "index": ["text"]})
+        value = {"status": "open" if n % 2 == 0 else "done", "text": f"task number {n}"}
+        put(owner_client, f"/api/v1/memory/namespaces/tasks.open/items/t{n}/", {"value": value, "index": ["text"]})
+    put(
+        owner_client, "/api/v1/memory/namespaces/notes/items/n1/", {"value": {"text": "lisbon trip"}, "index": ["text"]}
+    )
 
-    first = owner_client.get("/api/v1/memory/namespaces/tasks/items/", {"filter": '{"status": "open"}', "limit": 2})
+    first = owner_client.get("/api/v1/memory/namespaces/tasks/items/", {"filter": '{"status": "open"}', "limit": "2"})
     rest = owner_client.get(first.json()["next"])
     words = owner_client.get("/api/v1/memory/items/", {"query": "lisbon"})
 
@@ -163,7 +165,7 @@ def test_namespaces_are_listed_in_order_a_page_at_a_time(owner_client: APIClient
 
     first = owner_client.get("/api/v1/memory/namespaces/", {"limit": 2})
     second = owner_client.get(first.json()["next"])
-    depth = owner_client.get("/api/v1/memory/namespaces/", {"prefix": "b", "max_depth": 1})
+    depth = owner_client.get("/api/v1/memory/namespaces/", {"prefix": "b", "max_depth": "1"})
 
     assert [r["namespace"] for r in first.json()["results"]] == [["a"], ["b", "x"]]
     assert [r["namespace"] for r in second.json()["results"]] == [["b", "y"], ["c"]]
@@ -293,7 +295,9 @@ def test_a_board_with_leases_fencing_and_its_events(owner_client: APIClient, for
         ("leases/release/", {"key": "t1", "fencing_token": "one"}, "fencing_token"),
     ],
 )
-def test_bad_lease_requests_name_the_field(owner_client: APIClient, path: str, body: dict[str, Any], field: str) -> None:
+def test_bad_lease_requests_name_the_field(
+    owner_client: APIClient, path: str, body: dict[str, Any], field: str
+) -> None:
     owner_client.post("/api/v1/memory/boards/", {"namespace": ["team", "tasks"]}, format="json")
     response = owner_client.post(BOARD + path, body, format="json")
     assert response.status_code == 400

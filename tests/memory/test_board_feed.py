@@ -136,14 +136,14 @@ async def test_a_change_lost_on_the_way_is_filled_in_from_the_table(application:
             if len(sent) == 2:
                 original(group, payload)
 
-        live.send_on_commit = keep_second  # type: ignore[assignment]
+        live.send_on_commit = keep_second
         try:
             for key in ("a", "b"):
                 with transaction.atomic():
                     store.put_item(namespace=BOARD, key=key, value=1, author=store.Author.system("t"),
                                    scope=EVERYTHING)  # fmt: skip
         finally:
-            live.send_on_commit = original  # type: ignore[assignment]
+            live.send_on_commit = original
 
     await sync_to_async(write_two_and_lose_the_first)()
     events = [await communicator.receive_json_from(timeout=5) for _ in range(2)]

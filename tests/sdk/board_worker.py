@@ -13,6 +13,7 @@ With --hang-after N it completes N tasks, then stops for good in the middle of t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 
@@ -58,10 +59,8 @@ def work(url: str, key: str, holder: str, board_name: str, hang_after: int) -> i
                         continue
                     print(f"done {task.key} v{done.version}", flush=True)
                     completed += 1
-                try:
+                with contextlib.suppress(LeaseLost):  # it ran out meanwhile: the task is done anyway
                     lease.release()
-                except LeaseLost:
-                    pass
             if not took_one:
                 time.sleep(0.1)  # every pending task is held by another worker: look again shortly
 

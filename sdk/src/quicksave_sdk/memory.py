@@ -11,7 +11,7 @@ import contextlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -259,9 +259,7 @@ class Board:
     def get(self, key: str) -> MemoryItem | None:
         return self.memory.get(self.namespace, key)
 
-    def put(
-        self, key: str, value: Any, *, lease: Lease | None = None, expected_version: int | None = None
-    ) -> Written:
+    def put(self, key: str, value: Any, *, lease: Lease | None = None, expected_version: int | None = None) -> Written:
         """Write the key: under `lease` (its fencing token) and/or only at `expected_version`."""
         token = lease.fencing_token if lease is not None else None
         return self.memory.put(self.namespace, key, value, expected_version=expected_version, fencing_token=token)
@@ -292,7 +290,7 @@ class Board:
         page = self._client.request("GET", self._base + "events/" + _query({"after_seq": after_seq, "limit": limit}))
         return [BoardEvent.from_json(data) for data in page["results"]]
 
-    def watch(self, *, after_seq: int = 0, timeout: float | None = None) -> Iterator[BoardEvent]:
+    def watch(self, *, after_seq: int = 0, timeout: float | None = None) -> Generator[BoardEvent, None, None]:
         """Follow the board's websocket: its events after `after_seq` (replayed), then live ones as
         they happen, in order. Needs the `websockets` package (`events()` polls without it).
         `timeout` bounds the wait for each event (TimeoutError); a refused socket raises the
@@ -312,7 +310,9 @@ class Board:
                     raw = socket.recv(timeout=timeout)
                 except ConnectionClosed as closed:
                     code = closed.rcvd.code if closed.rcvd is not None else 1006
-                    raise error_from_response(_CLOSE_STATUS.get(code, 0), None, f"websocket closed with {code}") from None
+                    raise error_from_response(
+                        _CLOSE_STATUS.get(code, 0), None, f"websocket closed with {code}"
+                    ) from None
                 message = json.loads(raw)
                 if message.get("type") != "pong":
                     yield BoardEvent.from_json(message)

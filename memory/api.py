@@ -261,8 +261,6 @@ class ItemView(APIView):
         your lease (`fencing_token`) or while nobody holds the key (409 lease_held / lease_lost)."""
         scope = scope_for_writing(request.user)
         path, key = _path(namespace), _key(key)
-        if key.endswith("/history"):
-            raise ValidationError({"key": "may not end in `/history` over the API: that path is the item's history."})
         data = _body(ItemPutSerializer, request)
         fields = data.get("index")
         texts = None

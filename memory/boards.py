@@ -11,9 +11,10 @@ may remember it (memory.spaces). On a board:
 - a lease (`acquire_lease`, `renew_lease`, `release_lease`) gives one holder a key until its
   time-to-live runs out, measured by the database's clock; a holder that dies loses it then.
   Its fencing token is the event number of the acquire, so a later lease's is larger. A write
-  naming a token (`fencing_token`) is refused unless that token is the key's live lease; a write
-  naming none is refused while someone holds the key. Leases coordinate agents that may already
-  write the namespace: who may use it at all is memory.access's business.
+  naming a token (`fencing_token`) is refused unless that token is the key's live lease and the
+  writer's agent took it (a token is no secret: it is the number of an event on the feed); a
+  write naming none is refused while someone holds the key. Leases coordinate agents that may
+  already write the namespace: who may use it at all is memory.access's business.
 """
 
 from __future__ import annotations
@@ -134,11 +135,18 @@ class _Row:
     expires_at: datetime
     live: bool
     released: bool
+    agent_id: int | None
+
+    def usable_by(self, scope: Scope) -> bool:
+        """Whether the scope may write, renew or release under this lease when it names its token:
+        the agent that took it (or a person, who may write the namespace anyway). A token is no
+        secret (it is the number of the acquire's event, on the feed)."""
+        return scope.agent_id is None or scope.agent_id == self.agent_id
 
 
 _LEASE_SQL = (
     "SELECT holder, token, expires_at, released_at IS NULL AND expires_at > clock_timestamp(), "
-    "released_at IS NOT NULL FROM memory_lease WHERE namespace_id = %s AND key = %s FOR UPDATE"
+    "released_at IS NOT NULL, agent_id FROM memory_lease WHERE namespace_id = %s AND key = %s FOR UPDATE"
 )
 
 
@@ -146,7 +154,7 @@ def _lease_row(space: spaces.Space, key: str) -> _Row | None:
     with connection.cursor() as cursor:
         cursor.execute(_LEASE_SQL, [space.id, key])
         row = cursor.fetchone()
-    return None if row is None else _Row(row[0], int(row[1]), row[2], bool(row[3]), bool(row[4]))
+    return None if row is None else _Row(row[0], int(row[1]), row[2], bool(row[3]), bool(row[4]), row[5])
 
 
 def _held(key: str, holder: str, expires_at: datetime) -> LeaseHeld:
@@ -173,14 +181,23 @@ def _lost(key: str, token: int, row: _Row | None) -> LeaseLost:
     )
 
 
-def guard_write(space: spaces.Space, key: str, fencing_token: int | None) -> None:
+def _check_token(key: str, token: int, row: _Row | None, scope: Scope) -> _Row:
+    """The live lease `token` names, if the scope may act under it; LeaseLost or LeaseHeld."""
+    if row is None or row.token != token or not row.live:
+        raise _lost(key, token, row)
+    if not row.usable_by(scope):
+        raise _held(key, row.holder, row.expires_at)  # another agent's lease, whatever token is named
+    return row
+
+
+def guard_write(space: spaces.Space, key: str, fencing_token: int | None, scope: Scope) -> None:
     """Inside the write's transaction, before it: take the board's lock and refuse the write
-    unless `fencing_token` is the key's live lease (or, without a token, nobody holds the key)."""
+    unless `fencing_token` is the key's live lease, taken by the scope's agent (or, without a
+    token, nobody holds the key)."""
     _lock(space)
     row = _lease_row(space, key)
     if fencing_token is not None:
-        if row is None or row.token != fencing_token or not row.live:
-            raise _lost(key, fencing_token, row)
+        _check_token(key, fencing_token, row, scope)
         return
     if row is not None and row.live:
         raise _held(key, row.holder, row.expires_at)
@@ -257,17 +274,15 @@ def renew_lease(
     key, token, ttl = item_key(key), _token(fencing_token), _ttl(ttl_seconds)
     space = board_for(namespace, scope)
     with transaction.atomic():
+        row = _check_token(key, token, _lease_row(space, key), scope)  # the lease row stays locked
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE memory_lease SET expires_at = clock_timestamp() + %s * interval '1 second' "
-                "WHERE namespace_id = %s AND key = %s AND token = %s AND released_at IS NULL "
-                "AND expires_at > clock_timestamp() RETURNING holder, expires_at",
-                [ttl, space.id, key, token],
+                "WHERE namespace_id = %s AND key = %s RETURNING expires_at",
+                [ttl, space.id, key],
             )
-            renewed = cursor.fetchone()
-        if renewed is None:
-            raise _lost(key, token, _lease_row(space, key))
-    return Lease(namespace=space.path, key=key, holder=renewed[0], token=token, expires_at=renewed[1])
+            expires_at = cursor.fetchone()[0]
+    return Lease(namespace=space.path, key=key, holder=row.holder, token=token, expires_at=expires_at)
 
 
 def release_lease(*, namespace: Path | list[str], key: str, fencing_token: int, scope: Scope) -> None:
@@ -276,9 +291,7 @@ def release_lease(*, namespace: Path | list[str], key: str, fencing_token: int, 
     space = board_for(namespace, scope)
     with transaction.atomic():
         _lock(space)
-        row = _lease_row(space, key)
-        if row is None or row.token != token or not row.live:
-            raise _lost(key, token, row)
+        row = _check_token(key, token, _lease_row(space, key), scope)
         with connection.cursor() as cursor:
             cursor.execute(
                 "UPDATE memory_lease SET released_at = clock_timestamp(), expires_at = clock_timestamp() "

@@ -4,6 +4,7 @@ and people with the viewer role."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -11,22 +12,25 @@ from rest_framework.exceptions import PermissionDenied
 
 from checkpoints import live
 from checkpoints.consumers import after_seq
-from memory import boards, spaces
-from memory.access import scope_for_reading
+from memory import access, boards, spaces
+from memory.access import Scope, scope_for_reading
 from memory.errors import MemoryStoreError
 from memory.paths import parse_dotted
 
 REPLAY_BATCH = 500
+# How long a check that the socket's agent may still use the board holds: a revoked grant closes
+# the socket (4404) before the first event it sends this long after the revocation.
+ACCESS_RECHECK_SECONDS = 1.0
 
 
-def _board(principal: Any, dotted: str) -> spaces.Space | int:
-    """The board, or the close code that refuses the socket."""
+def _board(principal: Any, dotted: str) -> tuple[spaces.Space, Scope] | int:
+    """The board and the caller's scope, or the close code that refuses the socket."""
     try:
         scope = scope_for_reading(principal)
     except PermissionDenied:
         return 4403
     try:
-        return boards.board_for(parse_dotted(dotted), scope)
+        return boards.board_for(parse_dotted(dotted), scope), scope
     except MemoryStoreError:
         return 4404
 
@@ -48,8 +52,9 @@ class BoardConsumer(live.EventConsumer):
         if start is None:
             await self.refuse(4400)
             return
-        self.space, self.last_seq = found, start
-        if not await self.join(boards.group(found.id)):
+        (self.space, self.memory_scope), self.last_seq = found, start
+        self.checked_at = time.monotonic()
+        if not await self.join(boards.group(self.space.id)):
             return
         await self.accept()
         await self._replay()
@@ -58,10 +63,20 @@ class BoardConsumer(live.EventConsumer):
         event = message["event"]
         if event["seq"] <= self.last_seq:
             return
+        if not await self._still_allowed():
+            await self.close(code=4404)  # the grant that let this agent see the board was revoked
+            return
         if event["seq"] > self.last_seq + 1:
             await self._replay()  # missed on the way: the table has it
             return
         await self._send(event)
+
+    async def _still_allowed(self) -> bool:
+        if time.monotonic() - self.checked_at < ACCESS_RECHECK_SECONDS:
+            return True
+        allowed = await database_sync_to_async(access.may_use)(self.memory_scope, self.space)
+        self.checked_at = time.monotonic()
+        return allowed
 
     async def _replay(self) -> None:
         while True:

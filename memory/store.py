@@ -254,7 +254,7 @@ def put_item(
                 "Items of a blackboard do not expire: leave ttl_minutes out (a lease expires instead).",
                 detail={"field": "ttl_minutes"},
             )
-        return _on_board(space, key, author, fencing_token, attempt)
+        return _on_board(space, key, author, scope, fencing_token, attempt)
     _check_token(fencing_token)
     return _retrying(space, key, attempt)
 
@@ -268,12 +268,12 @@ def _check_token(fencing_token: int | None) -> None:
 
 
 def _on_board(
-    space: spaces.Space, key: str, author: Author, fencing_token: int | None,
+    space: spaces.Space, key: str, author: Author, scope: Scope, fencing_token: int | None,
     attempt: Callable[[Head | None], Written | None],
 ) -> Any:  # fmt: skip
     """A write to a blackboard: under the board's lock, after its lease check, with its event."""
     with transaction.atomic():
-        boards.guard_write(space, key, fencing_token)
+        boards.guard_write(space, key, fencing_token, scope)
         written = _retrying(space, key, attempt)
         if written is not _GONE:
             writer = {"writer": str(author.kind), "agent": author.agent_id, "user": author.user_id}
@@ -451,7 +451,7 @@ def delete_item(
         return _tombstone(space, key, head, author=author, origin=origin)
 
     if space.board:
-        written = _on_board(space, key, author, fencing_token, attempt)
+        written = _on_board(space, key, author, scope, fencing_token, attempt)
     else:
         _check_token(fencing_token)
         written = _retrying(space, key, attempt)

@@ -149,3 +149,35 @@ async def test_a_change_lost_on_the_way_is_filled_in_from_the_table(application:
     events = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
     assert [(e["seq"], e["key"]) for e in events] == [(2, "a"), (3, "b")]
     await communicator.disconnect()
+
+
+async def test_an_agent_whose_grant_is_revoked_stops_getting_the_boards_events(
+    application: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from memory import consumers, sharing
+
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_SECONDS", 0.0)  # check at every event
+    owner = await sync_to_async(_key_of)("travel")
+    guest = await sync_to_async(_key_of)("code-review")
+    await sync_to_async(_board_of)(owner)
+
+    def grant() -> Any:
+        ada = User.objects.create_user("ada")
+        return ada, sharing.grant_namespace(prefix=("team",), agent=guest.agent, user=ada, reason="pairing")
+
+    ada, granted = await sync_to_async(grant)()
+    communicator = await connect(application, PATH, guest)
+    assert await handshake(communicator) is None
+
+    def write(key: str) -> None:
+        store.put_item(namespace=BOARD, key=key, value=1, author=store.Author.agent(owner.agent.pk),
+                       scope=Scope(owner.agent.pk))  # fmt: skip
+
+    await sync_to_async(write)("seen")
+    assert (await communicator.receive_json_from(timeout=5))["key"] == "seen"
+    await sync_to_async(sharing.revoke_grant)(grant=granted, user=ada, reason="over")
+    await sync_to_async(write)("unseen")
+
+    closed = await communicator.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": 4404}
+    await communicator.disconnect()

@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.db import connection, connections
 
 from audit.models import AuditEntry
-from memory import boards, heads, selectors, store
+from memory import boards, heads, selectors, sharing, store
 from memory.access import EVERYTHING, Scope
 from memory.errors import InvalidValue, ItemNotFound, LeaseHeld, LeaseLost, NotABoard, VersionConflict
 from memory.models import BoardEvent, ItemVersion, Namespace
@@ -273,3 +273,26 @@ def test_a_write_expecting_the_current_version_is_not_refused_by_a_head_this_pro
         namespace=("plain",), key="k", value={"v": 3}, author=SYSTEM, scope=EVERYTHING, expected_version=2
     )
     assert written.version == 3
+
+
+def test_another_agent_naming_a_leases_token_is_refused_though_it_may_use_the_board(
+    agent: Agent, other_agent: Agent
+) -> None:
+    ada = User.objects.create_user("ada")
+    owner, other = Scope(agent.pk), Scope(other_agent.pk)
+    boards.make_board(namespace=BOARD, scope=owner)
+    sharing.grant_namespace(prefix=("team",), agent=other_agent, user=ada, reason="they share the board")
+    lease = boards.acquire_lease(namespace=BOARD, key="t1", holder="w1", ttl_seconds=30, scope=owner)
+    theirs = store.Author.agent(other_agent.pk)
+
+    # The token is the number of the acquire's event, which the feed shows everyone who follows it.
+    with pytest.raises(LeaseHeld):
+        put("t1", {"status": "hijacked"}, author=theirs, scope=other, fencing_token=lease.token)
+    with pytest.raises(LeaseHeld):
+        boards.renew_lease(namespace=BOARD, key="t1", fencing_token=lease.token, ttl_seconds=60, scope=other)
+    with pytest.raises(LeaseHeld):
+        boards.release_lease(namespace=BOARD, key="t1", fencing_token=lease.token, scope=other)
+
+    put("t1", {"status": "done"}, author=store.Author.agent(agent.pk), scope=owner, fencing_token=lease.token)
+    boards.release_lease(namespace=BOARD, key="t1", fencing_token=lease.token, scope=owner)
+    assert [kind for _, kind, _ in events()] == ["lease.acquired", "item.written", "lease.released"]

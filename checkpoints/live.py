@@ -263,6 +263,13 @@ def publish(
         _publisher.send(INBOX_GROUP, {**payload, "agent": agent}, trace=trace)
 
 
+def send_on_commit(group: str, payload: dict[str, Any]) -> None:
+    """Once the current transaction commits, send an event of another feed (a memory board's) to
+    `group` through this process's publisher, in order with the rest; its consumers'
+    `live_event` receive it as they receive a thread's."""
+    transaction.on_commit(functools.partial(_publisher.send, group, payload, trace=telemetry.current_carrier()))
+
+
 def close_sockets_on_commit(group: str) -> None:
     """Once the current transaction commits, close the sockets in `group` (agent_key_group,
     session_group) with 4401 on every server process. A process that misses the message closes

@@ -10,7 +10,11 @@ Its public surface, what the API, the SDK's endpoints and integrations.langgraph
 - `memory.access`: whose memory a caller sees (`Scope`), and `memory.sharing`: grants between
   agents, audited;
 - `memory.texts.IndexText` and `memory.vectors` (pgvector where the server has it);
-- `memory.errors`: what the store refuses, each with its API code and status.
+- `memory.errors`: what the store refuses, each with its API code and status;
+- `memory.boards`: blackboards — made once (`make_board`), leases with fencing tokens
+  (`acquire_lease`, `renew_lease`, `release_lease`), and the event of every change, which the
+  store's writes append under the board's row lock; `memory.consumers` is their websocket feed;
+- `memory.api` (routes in `memory.urls`, under /api/v1/memory/): thin views over all of the above.
 
 Values are stored as the checkpoint engine stores states, through its public primitives: canonical
 JSON framed by `codec`, sealed by `crypto` under a data key per namespace (wrapped by the same

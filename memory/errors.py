@@ -51,3 +51,25 @@ class NoVectorSearch(MemoryStoreError):
 
     code = "vector_search_unavailable"
     status = 400
+
+
+class NotABoard(MemoryStoreError):
+    """A lease or a board's feed asked of a namespace that is not a blackboard."""
+
+    code = "not_a_board"
+    status = 409
+
+
+class LeaseHeld(MemoryStoreError):
+    """A key of a blackboard someone else holds a live lease on."""
+
+    code = "lease_held"
+    status = 409
+
+
+class LeaseLost(MemoryStoreError):
+    """A write, renewal or release naming a lease that is no longer the key's live one: it
+    expired, was released, or another holder has the key now."""
+
+    code = "lease_lost"
+    status = 409

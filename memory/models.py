@@ -34,6 +34,10 @@ class Namespace(models.Model):
 
     path = ArrayField(models.TextField(), unique=True)
     agent = models.ForeignKey(Agent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    # A blackboard (memory.boards): made so, never changed, so every process may remember it.
+    is_board = models.BooleanField(default=False)
+    # The board's last event number; its row lock orders the board's writes.
+    board_seq = models.BigIntegerField(default=0)
     master_key_id = models.CharField(max_length=32, null=True, blank=True)
     wrapped_key = models.BinaryField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -163,6 +167,50 @@ class IndexEntry(models.Model):
 
     def __str__(self) -> str:
         return self.field
+
+
+class Lease(models.Model):
+    """Who holds a key of a blackboard, until when, and the fencing token a write under it names.
+
+    One row per key ever leased, taken over by the next acquire once released or expired; the
+    token is the board's event number of the acquire, so a later lease has a larger one."""
+
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    key = models.TextField()
+    holder = models.CharField(max_length=200)
+    agent = models.ForeignKey(
+        Agent, null=True, on_delete=models.DO_NOTHING, db_constraint=False, related_name="+", db_index=False
+    )
+    token = models.BigIntegerField()
+    acquired_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    released_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "key"], name="memory_lease_namespace_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key} held by {self.holder}"
+
+
+class BoardEvent(models.Model):
+    """One change on a blackboard, numbered by the board's `board_seq`, written in the transaction
+    of the change: what the live feed replays to a client that missed it. It names keys, versions
+    and holders, never values (those stay sealed in the items)."""
+
+    id = models.BigAutoField(primary_key=True)
+    namespace = models.ForeignKey(Namespace, on_delete=models.CASCADE, related_name="+", db_index=False)
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=32)
+    key = models.TextField()
+    data = models.JSONField(default=dict)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["namespace", "seq"], name="memory_boardevent_seq")]
+
+    def __str__(self) -> str:
+        return f"{self.seq} {self.kind} {self.key}"
 
 
 class NamespaceGrant(models.Model):

@@ -232,9 +232,11 @@ def list_namespaces(
     limit: int = 100,
     offset: int = 0,
     omit_expired: bool = False,
+    after: Path | None = None,
 ) -> list[Path]:
     """Namespaces holding at least one item, matching `prefix` and `suffix` (`*` matches any one
-    label), cut to `max_depth` labels (and then listed once), in order."""
+    label), cut to `max_depth` labels (and then listed once), in order; with `after`, those
+    after it (a page's last, for the next page)."""
     starts = pattern(prefix, field="prefix")
     ends = pattern(suffix, field="suffix")
     visible, params = access.visible_sql(scope, "n")
@@ -253,10 +255,11 @@ def list_namespaces(
     live = "NOT i.deleted" + (" AND (i.expires_at IS NULL OR i.expires_at > now())" if omit_expired else "")
     conditions.append(f"EXISTS (SELECT 1 FROM memory_item i WHERE i.namespace_id = n.id AND {live})")
     shown = f"n.path[1:{int(max_depth)}]" if max_depth is not None else "n.path"
-    sql = (
-        f"SELECT DISTINCT {shown} AS shown FROM memory_namespace n WHERE {' AND '.join(conditions)} "
-        "ORDER BY shown LIMIT %s OFFSET %s"
-    )
+    sql = f"SELECT DISTINCT {shown} AS shown FROM memory_namespace n WHERE {' AND '.join(conditions)}"
+    if after is not None:
+        sql = f"SELECT shown FROM ({sql}) listed WHERE shown > %s::text[]"
+        params.append(list(after))
+    sql += " ORDER BY shown LIMIT %s OFFSET %s"
     with connection.cursor() as cursor:
         cursor.execute(sql, [*params, limit, offset])
         return [tuple(row[0]) for row in cursor.fetchall()]

@@ -22,12 +22,14 @@ from memory.paths import Path, dotted
 
 @dataclass(frozen=True, slots=True)
 class Space:
-    """A namespace as the store uses it: id, path, owning agent (None: people's) and data key."""
+    """A namespace as the store uses it: id, path, owning agent (None: people's), data key, and
+    whether it is a blackboard (memory.boards)."""
 
     id: int
     path: Path
     agent_id: int | None
     key: AESGCM | None
+    board: bool = False
 
     @property
     def name(self) -> str:
@@ -43,18 +45,18 @@ def _wrap_ad(path: Path) -> bytes:
     return associated_data("memory_namespace.wrapped_key", codec.to_canonical_bytes(list(path)).decode())
 
 
-_COLUMNS = "id, path, agent_id, master_key_id, wrapped_key"
+_COLUMNS = "id, path, agent_id, master_key_id, wrapped_key, is_board"
 
 
 def _space(row: tuple[Any, ...]) -> Space:
-    namespace_id, path, agent_id, master_key_id, wrapped = row
+    namespace_id, path, agent_id, master_key_id, wrapped, board = row
     labels: Path = tuple(path)
     key = None
     if wrapped is not None:
         master = crypto.master_key(str(master_key_id))
         owner = f"memory namespace {dotted(labels)}"
         key = AESGCM(crypto.unwrap_key(master, _wrap_ad(labels), bytes(wrapped), owner=owner))
-    return Space(id=int(namespace_id), path=labels, agent_id=agent_id, key=key)
+    return Space(id=int(namespace_id), path=labels, agent_id=agent_id, key=key, board=bool(board))
 
 
 def _keep(space: Space) -> None:
@@ -91,9 +93,9 @@ def by_id(namespace_id: int) -> Space:
     return space
 
 
-def ensure(path: Path, *, agent_id: int | None) -> tuple[Space, bool]:
+def ensure(path: Path, *, agent_id: int | None, board: bool = False) -> tuple[Space, bool]:
     """The namespace at `path`, made now (owned by `agent_id`, with a new data key unless
-    encryption is off) if it does not exist; and whether it was made."""
+    encryption is off, a blackboard if `board`) if it does not exist; and whether it was made."""
     found = find(path)
     if found is not None:
         return found, False
@@ -104,16 +106,16 @@ def ensure(path: Path, *, agent_id: int | None) -> tuple[Space, bool]:
         master_key_id, wrapped = master.id, crypto.wrap_key(master, _wrap_ad(path), data_key)
     with connection.cursor() as cursor:
         cursor.execute(
-            "INSERT INTO memory_namespace (path, agent_id, master_key_id, wrapped_key, created_at) "
-            "VALUES (%s::text[], %s, %s, %s, now()) ON CONFLICT (path) DO NOTHING RETURNING id",
-            [list(path), agent_id, master_key_id, wrapped],
+            "INSERT INTO memory_namespace (path, agent_id, master_key_id, wrapped_key, created_at, is_board, "
+            "board_seq) VALUES (%s::text[], %s, %s, %s, now(), %s, 0) ON CONFLICT (path) DO NOTHING RETURNING id",
+            [list(path), agent_id, master_key_id, wrapped, board],
         )
         row = cursor.fetchone()
     if row is None:  # another writer made it first
         made = find(path)
         assert made is not None
         return made, False
-    space = Space(id=int(row[0]), path=path, agent_id=agent_id, key=AESGCM(data_key) if data_key else None)
+    space = Space(id=int(row[0]), path=path, agent_id=agent_id, key=AESGCM(data_key) if data_key else None, board=board)
     _keep(space)
     return space, True
 

@@ -26,9 +26,9 @@ from django.utils import timezone
 from checkpoints.ids import new_id
 from checkpoints.storage import codec
 from checkpoints.storage.jsonpatch import make_patch
-from memory import access, filters, heads, sealing, spaces
+from memory import access, boards, filters, heads, sealing, spaces
 from memory.access import Scope
-from memory.errors import InvalidValue, ItemNotFound, ValueTooLarge, VersionConflict
+from memory.errors import InvalidValue, ItemNotFound, NotABoard, ValueTooLarge, VersionConflict
 from memory.heads import Head
 from memory.models import VersionKind, Writer
 from memory.paths import Path, item_key, namespace_path
@@ -89,6 +89,7 @@ class Written:
     updated_at: datetime
     expires_at: datetime | None
     created: bool  # the item did not exist (or was deleted) before this write
+    deleted: bool = False  # this write is a deletion
 
 
 def _fields(author: Author, origin: Origin, value_bytes: int) -> dict[str, Any]:
@@ -126,6 +127,11 @@ def _canonical(value: Any) -> bytes:
             detail={"field": "value", "limit": limit},
         )
     return canonical
+
+
+def check_value(value: Any) -> None:
+    """Refuse a value put_item would refuse for its shape or size (InvalidValue, ValueTooLarge)."""
+    _canonical(value)
 
 
 def _check_index(index: list[IndexText] | None) -> list[IndexText]:
@@ -216,12 +222,15 @@ def put_item(
     ttl_minutes: float | None = None,
     index: list[IndexText] | None = None,
     expected_version: int | None = None,
+    fencing_token: int | None = None,
 ) -> Written:
     """Write a new version of the item at (`namespace`, `key`), creating the namespace and the item
     as needed. `index` replaces the item's indexed texts (None: it has none). `ttl_minutes`: the
     item expires this long after its last write or read (memory.selectors refreshes it). With
     `expected_version` (0: the item must not exist) the write is refused with VersionConflict
-    unless the item is at that version."""
+    unless the item is at that version. On a blackboard the write is also refused unless
+    `fencing_token` is the key's live lease (without one: unless nobody holds the key), and it is
+    an event on the board's feed (memory.boards)."""
     path = namespace_path(namespace)
     key = item_key(key)
     canonical = _canonical(value)
@@ -238,13 +247,52 @@ def put_item(
             origin=origin, ttl_minutes=ttl_minutes, entries=entries,
         )  # fmt: skip
 
+    if space.board:
+        if ttl_minutes is not None:
+            # A board's changes are events under its lock; an expiry would change it behind both.
+            raise InvalidValue(
+                "Items of a blackboard do not expire: leave ttl_minutes out (a lease expires instead).",
+                detail={"field": "ttl_minutes"},
+            )
+        return _on_board(space, key, author, scope, fencing_token, attempt)
+    _check_token(fencing_token)
     return _retrying(space, key, attempt)
+
+
+def _check_token(fencing_token: int | None) -> None:
+    if fencing_token is not None:
+        raise NotABoard(
+            "fencing_token is for the keys of a blackboard, and this namespace is not one.",
+            detail={"field": "fencing_token"},
+        )
+
+
+def _on_board(
+    space: spaces.Space, key: str, author: Author, scope: Scope, fencing_token: int | None,
+    attempt: Callable[[Head | None], Written | None],
+) -> Any:  # fmt: skip
+    """A write to a blackboard: under the board's lock, after its lease check, with its event."""
+    with transaction.atomic():
+        boards.guard_write(space, key, fencing_token, scope)
+        written = _retrying(space, key, attempt)
+        if written is not _GONE:
+            writer = {"writer": str(author.kind), "agent": author.agent_id, "user": author.user_id}
+            boards.record_write(space, key=key, version=written.version, deleted=written.deleted, writer=writer)
+    return written
 
 
 def _retrying(space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None]) -> Any:
     """`attempt` over the head this process knows (no read); if another writer moved the item
-    meanwhile, again over the head read under a row lock, which no other writer can then move."""
-    written = attempt(_head(space, key))
+    meanwhile, again over the head read under a row lock, which no other writer can then move.
+    A conflict with the expected version found on a remembered head is checked again on the
+    stored one: this process may not know the newest version."""
+    cached = heads.get(space.id, key)
+    try:
+        written = attempt(cached or _load_head(space, key))
+    except VersionConflict:
+        if cached is None:
+            raise
+        written = None
     if written is not None:
         return written
     for _ in range(_ATTEMPTS):
@@ -383,9 +431,11 @@ def delete_item(
     scope: Scope,
     origin: Origin = NOWHERE,
     expected_version: int | None = None,
+    fencing_token: int | None = None,
 ) -> Written | None:
     """Write a deletion as the item's next version (its history stays); None when there was no
-    item to delete (or the namespace is one the scope may not use)."""
+    item to delete (or the namespace is one the scope may not use). On a blackboard, as put_item:
+    the lease check, then an event."""
     path = namespace_path(namespace)
     key = item_key(key)
     space = spaces.find(path)
@@ -400,7 +450,11 @@ def delete_item(
             return _GONE
         return _tombstone(space, key, head, author=author, origin=origin)
 
-    written = _retrying(space, key, attempt)
+    if space.board:
+        written = _on_board(space, key, author, scope, fencing_token, attempt)
+    else:
+        _check_token(fencing_token)
+        written = _retrying(space, key, attempt)
     return None if written is _GONE else written
 
 
@@ -438,7 +492,7 @@ def _tombstone(space: spaces.Space, key: str, head: Head, *, author: Author, ori
     ))  # fmt: skip
     return Written(
         item_id=head.item_id, namespace=space.path, key=key, version=version, created_at=head.created_at,
-        updated_at=now, expires_at=None, created=False,
+        updated_at=now, expires_at=None, created=False, deleted=True,
     )  # fmt: skip
 
 

@@ -12,7 +12,9 @@ from typing import Any
 from memory.errors import InvalidValue
 
 _STEP = re.compile(r"\[(\*|-?\d+)\]|([^.\[\]]+)")
-_PATH = re.compile(r"(?:\[(?:\*|-?\d+)\]|[^.\[\]]+)(?:\.?(?:\[(?:\*|-?\d+)\]|[^.\[\]]+))*")
+# Names are possessive (`++`): a run of name characters is one step, so a long path that does not
+# match fails at once instead of trying every way to split the run.
+_PATH = re.compile(r"(?:\[(?:\*|-?\d+)\]|[^.\[\]]++)(?:\.?(?:\[(?:\*|-?\d+)\]|[^.\[\]]++))*")
 MAX_FIELDS = 32
 
 
@@ -28,12 +30,16 @@ class IndexText:
 
 def check_fields(fields: Any) -> list[str]:
     if not isinstance(fields, list) or not all(isinstance(field, str) and field for field in fields):
-        raise InvalidValue('`index` is a list of field paths such as "text" or "notes[*].body".')
+        raise InvalidValue(
+            '`index` is a list of field paths such as "text" or "notes[*].body".', detail={"field": "index"}
+        )
     if len(fields) > MAX_FIELDS:
-        raise InvalidValue(f"`index` names at most {MAX_FIELDS} fields.")
+        raise InvalidValue(
+            f"`index` names at most {MAX_FIELDS} fields.", detail={"field": "index", "limit": MAX_FIELDS}
+        )
     for field in fields:
         if field != "$" and not _PATH.fullmatch(field):
-            raise InvalidValue(f"{field!r} is not a field path.")
+            raise InvalidValue(f"{field!r} is not a field path.", detail={"field": "index"})
     return fields
 
 

@@ -36,11 +36,11 @@ http_app = http_application(wsgi_app)
 from approvals.routing import websocket_urlpatterns as inbox_routes  # noqa: E402
 from checkpoints.routing import fallback_routes  # noqa: E402
 from checkpoints.routing import websocket_urlpatterns as thread_routes  # noqa: E402
+from memory.routing import websocket_urlpatterns as memory_routes  # noqa: E402
 from quicksave_agents.ws_auth import AgentKeyAuthMiddleware  # noqa: E402
 
-websocket_app = AllowedHostsOriginValidator(
-    AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *fallback_routes])))
-)
+routes = [*thread_routes, *inbox_routes, *memory_routes, *fallback_routes]
+websocket_app = AllowedHostsOriginValidator(AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter(routes))))
 
 application = ProtocolTypeRouter({"http": http_app, "websocket": websocket_app})
 

@@ -28,6 +28,7 @@ urlpatterns = [
     path("api/v1/", include("approvals.urls")),
     path("api/v1/", include("quicksave_agents.urls")),
     path("api/v1/notifications/", include("notifications.urls")),
+    path("api/v1/memory/", include("memory.urls")),
     # For people and agents who are signed in (SPECTACULAR_SETTINGS["SERVE_PERMISSIONS"]); the docs
     # send a signed-out browser to the sign-in page. The split view serves its script from a URL,
     # not inline, as the Content-Security-Policy requires.

@@ -21,6 +21,9 @@ from approvals import policies, rules
 from approvals.services import request_approval
 from checkpoints import storage
 from checkpoints.storage.tool_results import put_tool_result
+from memory import boards, sharing
+from memory import store as memory_store
+from memory.access import Scope
 from notifications import dispatch
 from notifications.endpoints import SubscriptionSpec, create_endpoint
 from notifications.models import Delivery
@@ -36,6 +39,10 @@ CHECKPOINT = {"parent": "{head}", "state": {"n": 3}}
 CHANNEL = {"name": "new", "kind": "webhook", "url": "https://hooks.example.com/q"}
 CHANNEL_FORM = {"name": "new", "kind": "email", "recipients": "a@example.com", "events": "approval.requested"}
 APPROVAL = {"checkpoint": "{head}", "action": "pay"}
+LEASE = {"key": "t1", "holder": "w", "ttl_seconds": 30}
+RENEW = {"key": "t1", "fencing_token": 999, "ttl_seconds": 30}
+RELEASE = {"key": "t1", "fencing_token": 999}
+GRANT = {"prefix": ["world"], "agent": "code-review", "reason": "pair"}
 RULE = {"name": "small refunds", "action": "refund", "conditions": [{"path": "/amount", "op": "lt", "value": 20}]}
 POLICY_FORM = {"action": "book", "approvals_needed": 1, "rejections_needed": 1, "at_deadline": "reject"}
 RULE_FORM = {"name": "small refunds", "action": "refund", "max_risk": "low",
@@ -96,6 +103,24 @@ API: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
     ("GET", "/api/v1/notifications/deliveries/", None, (403, 403, 403, 403, 200, 401)),
     ("GET", "/api/v1/notifications/deliveries/{delivery}/", None, (403, 403, 403, 403, 200, 401)),
     ("POST", "/api/v1/notifications/deliveries/{delivery}/redeliver/", None, (403, 403, 403, 403, 201, 401)),
+    # Memory: the world's owner agent wrote world.notes/k and made the board world.board.
+    ("GET", "/api/v1/memory/namespaces/", None, (200, 200, 200, 200, 200, 401)),
+    ("GET", "/api/v1/memory/items/", None, (200, 200, 200, 200, 200, 401)),
+    ("GET", "/api/v1/memory/namespaces/world.notes/items/", None, (200, 200, 200, 200, 200, 401)),
+    ("GET", "/api/v1/memory/namespaces/world.notes/items/k/", None, (200, 404, 200, 200, 200, 401)),
+    ("PUT", "/api/v1/memory/namespaces/world.notes/items/k/", {"value": 2}, (200, 404, 403, 403, 200, 401)),
+    ("DELETE", "/api/v1/memory/namespaces/world.notes/items/k/", None, (200, 404, 403, 403, 200, 401)),
+    ("GET", "/api/v1/memory/namespaces/world.notes/items/k/history/", None, (200, 404, 200, 200, 200, 401)),
+    ("POST", "/api/v1/memory/boards/", {"namespace": ["world", "board"]}, (200, 404, 403, 403, 200, 401)),
+    ("GET", "/api/v1/memory/boards/world.board/", None, (200, 404, 200, 200, 200, 401)),
+    ("GET", "/api/v1/memory/boards/world.board/events/", None, (200, 404, 200, 200, 200, 401)),
+    ("GET", "/api/v1/memory/boards/world.board/leases/", None, (200, 404, 200, 200, 200, 401)),
+    ("POST", "/api/v1/memory/boards/world.board/leases/", LEASE, (201, 404, 403, 403, 201, 401)),
+    ("POST", "/api/v1/memory/boards/world.board/leases/renew/", RENEW, (409, 404, 403, 403, 409, 401)),
+    ("POST", "/api/v1/memory/boards/world.board/leases/release/", RELEASE, (409, 404, 403, 403, 409, 401)),
+    ("GET", "/api/v1/memory/grants/", None, (200, 200, 200, 200, 200, 401)),
+    ("POST", "/api/v1/memory/grants/", GRANT, (403, 403, 403, 403, 201, 401)),
+    ("POST", "/api/v1/memory/grants/{grant}/revoke/", {"reason": "done"}, (403, 403, 403, 403, 200, 401)),
 ]  # fmt: skip
 
 # Pages use the session only: an agent key opens no page (it is sent to the login page).
@@ -174,6 +199,7 @@ PAGES: list[tuple[str, str, dict[str, Any] | None, tuple[int, ...]]] = [
 SOCKETS: list[tuple[str, tuple[str | int, ...]]] = [
     ("/ws/threads/{thread}/", (ACCEPT, 4404, ACCEPT, ACCEPT, ACCEPT, 4401)),
     ("/ws/inbox/", (ACCEPT, ACCEPT, ACCEPT, ACCEPT, ACCEPT, 4401)),
+    ("/ws/memory/boards/world.board/", (ACCEPT, 4404, ACCEPT, ACCEPT, ACCEPT, 4401)),
 ]
 
 
@@ -230,7 +256,15 @@ def build_world() -> World:
     version = policies.create_policy(agent=agent, action="refund", terms=policies.Terms(), actor=maker)
     rule = rules.create_rule(name="tiny refunds", agent=agent, action="refund", actor=maker,
                              conditions=[{"path": "/amount", "op": "lt", "value": 5}])  # fmt: skip
-    ids = {"thread": thread.pk, "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
+    owner_scope = Scope(agent.pk)
+    memory_store.put_item(namespace=("world", "notes"), key="k", value=1, scope=owner_scope,
+                          author=memory_store.Author.agent(agent.pk))  # fmt: skip
+    boards.make_board(namespace=("world", "board"), scope=owner_scope)
+    # A grant of another prefix than the world's, so that granting "world" stays possible.
+    grant = sharing.grant_namespace(prefix=("elsewhere",), agent=get_or_create_agent(name="code-review"),
+                                    user=maker, reason="world")  # fmt: skip
+    ids = {"thread": thread.pk, "grant": grant.pk,
+           "first": first.pk, "head": head.pk, "approval": approval.pk, "run": run.pk,
            "policy": version.policy_id, "rule": rule.pk, "endpoint": endpoint.pk,
            "subscription": endpoint.subscriptions.get().pk, "delivery": delivery.pk,
            "token": delivery.body["approval"]["decide"]["approve"].rstrip("/").rpartition("/")[2],
@@ -298,9 +332,10 @@ def application() -> Any:
 
     from approvals.routing import websocket_urlpatterns as inbox_routes
     from checkpoints.routing import websocket_urlpatterns as thread_routes
+    from memory.routing import websocket_urlpatterns as memory_routes
     from quicksave_agents.ws_auth import AgentKeyAuthMiddleware
 
-    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes])))
+    return AuthMiddlewareStack(AgentKeyAuthMiddleware(URLRouter([*thread_routes, *inbox_routes, *memory_routes])))
 
 
 def _handshake_headers(world: World, principal: str) -> list[tuple[bytes, bytes]]:
@@ -329,7 +364,9 @@ async def test_websocket(application: Any, path: str, principal: str, expected: 
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("path", ["/api/v1/threads/", "/api/v1/approvals/"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/threads/", "/api/v1/approvals/", "/api/v1/memory/namespaces/", "/api/v1/memory/items/"]
+)
 def test_a_foreign_key_lists_none_of_the_owners_rows(path: str) -> None:
     world = build_world()
     owner = api_client(world, OWNER).get(path).json()["results"]

@@ -1,5 +1,6 @@
 """Quicksave's Python SDK: save an agent's state after every step, log its tool calls so a replay
-never repeats one, ask a person before a risky action, and resume from a checkpoint, over the REST API."""
+never repeats one, ask a person before a risky action, resume from a checkpoint, and keep long-term memory
+and blackboards shared with other agents (`Client.memory`), over the REST API."""
 
 from quicksave_sdk.client import (
     Approval,
@@ -19,24 +20,34 @@ from quicksave_sdk.errors import (
     CallInDoubt,
     Conflict,
     InvalidInput,
+    LeaseHeld,
     LeaseLost,
     NotFound,
     PermissionDenied,
     QuicksaveError,
     StaleParent,
+    VersionConflict,
 )
 from quicksave_sdk.jsonpatch import make_patch
+from quicksave_sdk.memory import Board, BoardEvent, Lease, Memory, MemoryItem, MemoryVersion, Written
 
 __all__ = [
     "AlreadyDecided",
     "Approval",
     "AuthenticationFailed",
+    "Board",
+    "BoardEvent",
     "CallInDoubt",
     "Checkpoint",
     "Client",
     "Conflict",
     "InvalidInput",
+    "Lease",
+    "LeaseHeld",
     "LeaseLost",
+    "Memory",
+    "MemoryItem",
+    "MemoryVersion",
     "NotFound",
     "PermissionDenied",
     "QuicksaveError",
@@ -45,6 +56,8 @@ __all__ = [
     "Thread",
     "ToolCall",
     "ToolResult",
+    "VersionConflict",
+    "Written",
     "__version__",
     "call_key",
     "make_patch",

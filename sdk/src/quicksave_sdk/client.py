@@ -25,6 +25,7 @@ import httpx
 
 from quicksave_sdk.errors import CallInDoubt, LeaseLost, NotFound, error_from_response
 from quicksave_sdk.jsonpatch import make_patch
+from quicksave_sdk.memory import Memory
 
 try:  # optional: an agent that traces has the OpenTelemetry API installed
     from opentelemetry import propagate as _propagate
@@ -191,6 +192,7 @@ class Client:
             transport=transport,
             event_hooks={"request": [_send_trace_context]},
         )  # fmt: skip
+        self.memory = Memory(self)
 
     def close(self) -> None:
         self._http.close()

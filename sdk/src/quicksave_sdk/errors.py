@@ -54,8 +54,29 @@ class AlreadyDecided(Conflict):
 
 
 class LeaseLost(Conflict):
-    """409 lease_lost: another attempt holds the run now (this one was too slow to renew its lease).
-    Stop working on the run: nothing this attempt writes is accepted any more."""
+    """409 lease_lost: the lease this write named is over. For a run: another attempt holds it now
+    (this one was too slow to renew its lease). For a key of a memory board: the lease expired, was
+    released, or another holder took the key (its fencing token is newer). Stop working under it:
+    nothing written under it is accepted any more."""
+
+
+class LeaseHeld(Conflict):
+    """409 lease_held: another holder has a live lease on the board's key (`holder`, `expires_at`)."""
+
+    @property
+    def holder(self) -> str | None:
+        holder = self.detail.get("holder")
+        return str(holder) if holder is not None else None
+
+
+class VersionConflict(Conflict):
+    """409 version_conflict: the memory item is not at the version the write expected;
+    `current_version` is the one it is at (0: it does not exist)."""
+
+    @property
+    def current_version(self) -> int | None:
+        current = self.detail.get("current_version")
+        return int(current) if current is not None else None
 
 
 class CallInDoubt(Conflict):
@@ -73,6 +94,8 @@ _BY_CODE: dict[str, type[QuicksaveError]] = {
     "stale_parent": StaleParent,
     "already_decided": AlreadyDecided,
     "lease_lost": LeaseLost,
+    "lease_held": LeaseHeld,
+    "version_conflict": VersionConflict,
     "in_doubt": CallInDoubt,
 }
 _BY_STATUS: dict[int, type[QuicksaveError]] = {

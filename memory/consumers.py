@@ -1,0 +1,93 @@
+"""Websocket of one blackboard: replay the events a client missed, then forward live ones in
+order, as a thread's socket does (checkpoints.consumers). For agents whose key may use the board
+and people with the viewer role."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from channels.db import database_sync_to_async
+from rest_framework.exceptions import PermissionDenied
+
+from checkpoints import live
+from checkpoints.consumers import after_seq
+from memory import access, boards, spaces
+from memory.access import Scope, scope_for_reading
+from memory.errors import MemoryStoreError
+from memory.paths import parse_dotted
+
+REPLAY_BATCH = 500
+# How long a check that the socket's agent may still use the board holds: a revoked grant closes
+# the socket (4404) before the first event it sends this long after the revocation.
+ACCESS_RECHECK_SECONDS = 1.0
+
+
+def _board(principal: Any, dotted: str) -> tuple[spaces.Space, Scope] | int:
+    """The board and the caller's scope, or the close code that refuses the socket."""
+    try:
+        scope = scope_for_reading(principal)
+    except PermissionDenied:
+        return 4403
+    try:
+        return boards.board_for(parse_dotted(dotted), scope), scope
+    except MemoryStoreError:
+        return 4404
+
+
+class BoardConsumer(live.EventConsumer):
+    """`/ws/memory/boards/{namespace}/?after_seq=N`: the board's events with seq > N from the table,
+    then live ones; a gap in seq replays from the table."""
+
+    feed = "board"
+
+    async def connect(self) -> None:
+        if (user := await self.signed_in()) is None:
+            return
+        found = await database_sync_to_async(_board)(user, self.scope["url_route"]["kwargs"]["namespace"])
+        if isinstance(found, int):
+            await self.refuse(found)
+            return
+        start = after_seq(self.scope)
+        if start is None:
+            await self.refuse(4400)
+            return
+        (self.space, self.memory_scope), self.last_seq = found, start
+        self.checked_at = time.monotonic()
+        if not await self.join(boards.group(self.space.id)):
+            return
+        await self.accept()
+        await self._replay()
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        if event["seq"] <= self.last_seq:
+            return
+        if not await self._still_allowed():
+            await self.close(code=4404)  # the grant that let this agent see the board was revoked
+            return
+        if event["seq"] > self.last_seq + 1:
+            await self._replay()  # missed on the way: the table has it
+            return
+        await self._send(event)
+
+    async def _still_allowed(self) -> bool:
+        if time.monotonic() - self.checked_at < ACCESS_RECHECK_SECONDS:
+            return True
+        allowed = await database_sync_to_async(access.may_use)(self.memory_scope, self.space)
+        self.checked_at = time.monotonic()
+        return allowed
+
+    async def _replay(self) -> None:
+        while True:
+            events = await database_sync_to_async(boards.events_after)(
+                space=self.space, seq=self.last_seq, limit=REPLAY_BATCH
+            )
+            for event in events:
+                await self._send(event)
+            if len(events) < REPLAY_BATCH:
+                return
+
+    async def _send(self, event: dict[str, Any]) -> None:
+        self.last_seq = event["seq"]
+        await self.send_json(event)

@@ -1,0 +1,5 @@
+from django.urls import re_path
+
+from memory.consumers import BoardConsumer
+
+websocket_urlpatterns = [re_path(r"^ws/memory/boards/(?P<namespace>[^/]+)/$", BoardConsumer.as_asgi())]

@@ -34,12 +34,13 @@ from checkpoints.storage.errors import (
 )
 from checkpoints.storage.garbage import Collected, collect_garbage
 from checkpoints.storage.nodes import Node
-from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
+from checkpoints.storage.payloads import Row, decode_payload, encode_payload, mac_fields, payload_ad
 from checkpoints.storage.reads import (
     REPLAY_COST_PER_BYTE,
     clear_caches,
     clone,
     diff,
+    history,
     latest_state,
     load_node,
     state_at,
@@ -78,6 +79,7 @@ __all__ = [
     "NotFound",
     "Problem",
     "Relinked",
+    "Row",
     "StaleParent",
     "StateTooLarge",
     "StoreError",
@@ -95,6 +97,7 @@ __all__ = [
     "events_after",
     "get_branch_name",
     "get_tool_result",
+    "history",
     "latest_state",
     "load_node",
     "mac_fields",

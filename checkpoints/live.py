@@ -25,7 +25,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
@@ -572,6 +572,22 @@ def publish(
     _publisher.send(thread_group(thread_id), payload, trace=trace)
     if type in INBOX_TYPES:
         _publisher.send(INBOX_GROUP, {**payload, "agent": agent}, trace=trace)
+    for listener in _listeners:
+        try:
+            listener(payload)
+        except Exception:  # a listener's fault is not the writer's: its commit stands
+            log.warning("a listener of committed events failed", exc_info=True)
+
+
+# Who else hears of each committed event (the GenAI export, checkpoints.genai_live): called in the
+# writer's thread just after its commit, so a listener only queues the event for a thread of its own.
+_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+
+def listen(listener: Callable[[dict[str, Any]], None]) -> None:
+    """Call `listener(event)` with every event this process commits (once per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def close_sockets_on_commit(group: str) -> None:

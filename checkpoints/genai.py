@@ -125,7 +125,7 @@ def segment_at(found: Sequence[Segment], when: datetime) -> Segment:
 
 def thread_runs(thread_id: UUID) -> list[Run]:
     return list(
-        Run.objects.filter(thread_id=thread_id).only("id", "thread_id", "reason", "status", "error", "created_at",
+        Run.objects.filter(thread_id=thread_id).only("id", "thread", "reason", "status", "error", "created_at",
                                                      "started_at", "finished_at")  # fmt: skip
     )
 

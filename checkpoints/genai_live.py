@@ -32,8 +32,8 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import close_old_connections
-from django.db.models import Max, Min
+from django.db import close_old_connections, connection
+from django.db.models import Max
 from opentelemetry.sdk.trace import ReadableSpan
 
 from approvals.models import ApprovalRequest
@@ -46,8 +46,8 @@ from quicksave_agents.models import Run, RunStatus
 log = logging.getLogger(__name__)
 
 RUN_ENDS = frozenset({f"run.{RunStatus.COMPLETED}", f"run.{RunStatus.FAILED}"})
-_CHECKPOINT_FIELDS = ("id", "thread_id", "parent_id", "seq", "created_at", "model_name", "temperature", "top_p",
-                      "seed", "metadata")  # fmt: skip
+_CHECKPOINT_FIELDS = ("id", "thread", "parent", "seq", "created_at", "model_name", "temperature", "top_p", "seed",
+                      "metadata")  # fmt: skip
 
 
 def agents() -> frozenset[str]:
@@ -98,16 +98,21 @@ class _Exporter:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
+            if not isinstance(item, threading.Event):
+                self._export(item)
+            if self._queue.empty() or isinstance(item, threading.Event):
+                connection.close()  # idle until the next write: hold no connection meanwhile
             if isinstance(item, threading.Event):
                 item.set()
-                continue
-            try:
-                close_old_connections()
-                for span in self._spans(item):
-                    self._sink().on_end(span)
-            except Exception:  # one event's failure must not stop the export of the next
-                log.warning("could not export the GenAI spans of event %s of thread %s", item.get("seq"),
-                            item.get("thread"), exc_info=True)  # fmt: skip
+
+    def _export(self, event: dict[str, Any]) -> None:
+        try:
+            close_old_connections()
+            for span in self._spans(event):
+                self._sink().on_end(span)
+        except Exception:  # one event's failure must not stop the export of the next
+            log.warning("could not export the GenAI spans of event %s of thread %s", event.get("seq"),
+                        event.get("thread"), exc_info=True)  # fmt: skip
 
     def _sink(self) -> Any:
         """The span processor for the current settings (made again when a test changes them)."""
@@ -193,11 +198,11 @@ class _Exporter:
         during = Checkpoint.objects.filter(thread_id=thread.pk, created_at__gte=segment.start)
         if position + 1 < len(found):
             during = during.filter(created_at__lt=found[position + 1].start)
-        span = during.aggregate(first=Min("created_at"), last=Max("created_at"))
-        end = run.finished_at if run is not None and run.finished_at else (span["last"] or segment.start)
+        latest = during.aggregate(last=Max("created_at"))["last"]
+        end = run.finished_at if run is not None and run.finished_at else (latest or segment.start)
         messages: list[dict[str, Any]] = []
         first = last = 0
-        if conv.content and span["last"] is not None:
+        if conv.content and latest is not None:
             edge = during.order_by("-created_at").values_list("pk", flat=True).first()
             start = during.order_by("created_at").values_list("parent_id", flat=True).first()
             messages = (trajectories.chat_messages(storage.state_at(edge).get("messages")) or []) if edge else []

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ from checkpoints.models import Checkpoint, Thread
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 from tests.conftest import person
-from tests.processes import free_port
+from tests.processes import ROOT, free_port
 from tests.waiting import wait_until
 
 SPAN_KIND = {1: "internal", 2: "server", 3: "client"}
@@ -371,3 +374,47 @@ def test_live_export_sends_content_only_when_switched_on(receiver: Receiver) -> 
     assert tool.attributes["gen_ai.tool.call.result"] == "Hotel Infante, 120 EUR"
     chat = only(receiver.named("chat"))
     assert json.loads(chat.attributes["gen_ai.input.messages"])[0]["role"] == "user"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stuck_export_does_not_hold_up_the_writer(receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    agent = get_or_create_agent(name="travel")
+    entered, release = threading.Event(), threading.Event()
+    calls: list[str] = []
+
+    def stuck(self: Any, event: dict[str, Any]) -> list[Any]:
+        calls.append(threading.current_thread().name)
+        entered.set()
+        release.wait(timeout=20)
+        return []
+
+    monkeypatch.setattr(genai_live._Exporter, "_spans", stuck)
+    try:
+        with override_settings(QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}),
+                               QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url):  # fmt: skip
+            thread, written = chat_thread(agent)  # four appends, each committed and handed over
+            assert entered.wait(timeout=10)
+            # Every write went through while the export thread is still stuck on the first event.
+            assert calls == ["genai-export"]
+            assert Thread.objects.get(pk=thread.pk).head_id == written[-1].pk
+    finally:
+        release.set()
+        genai_live.flush()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "error"),
+    [
+        ("QUICKSAVE_GENAI_LIVE_AGENTS", "travel,not an agent!", "QUICKSAVE_GENAI_LIVE_AGENTS must list agent names"),
+        ("QUICKSAVE_GENAI_OTLP_ENDPOINT", "collector:4318", "QUICKSAVE_GENAI_OTLP_ENDPOINT must be an http"),
+        ("QUICKSAVE_GENAI_CAPTURE_CONTENT", "maybe", "QUICKSAVE_GENAI_CAPTURE_CONTENT must be one of"),
+    ],
+)
+def test_a_bad_genai_setting_stops_the_process_naming_it(tmp_path: Any, variable: str, value: str, error: str) -> None:
+    environment = {**os.environ, "DATABASE_URL": "postgresql://127.0.0.1/unused", "QUICKSAVE_VAR_DIR": str(tmp_path),
+                   "DJANGO_SETTINGS_MODULE": "quicksave.settings", variable: value}  # fmt: skip
+    code = "import django.conf; django.conf.settings.SECRET_KEY; print('STARTED')"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environment, capture_output=True, text=True,
+                            timeout=60)  # fmt: skip
+    assert "STARTED" not in result.stdout
+    assert f"ConfigError: {error}" in result.stderr

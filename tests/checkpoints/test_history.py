@@ -12,6 +12,9 @@ from quicksave_agents.models import Agent
 from tests.conftest import person
 
 pytestmark = pytest.mark.django_db
+# The cache keeps what a read learnt once its transaction commits (lru.LRU.remember): the tests that
+# look at it commit, as a server's reads do.
+committing = pytest.mark.django_db(transaction=True)
 
 
 def grown(agent: Agent, steps: int) -> tuple[Thread, list[Checkpoint]]:
@@ -25,6 +28,7 @@ def grown(agent: Agent, steps: int) -> tuple[Thread, list[Checkpoint]]:
     return Thread.objects.get(pk=thread.pk), written
 
 
+@committing
 def test_history_gives_every_state_on_the_path_once_and_caches_none(agent: Agent) -> None:
     _, written = grown(agent, 40)
     expected = [storage.state_at(checkpoint.pk, cache=False) for checkpoint in written]
@@ -53,6 +57,7 @@ def test_history_refuses_a_row_altered_outside_quicksave(agent: Agent) -> None:
         list(storage.history(written[-1].pk))
 
 
+@committing
 def test_a_read_without_the_cache_leaves_it_as_it_was(agent: Agent) -> None:
     _, written = grown(agent, 10)
     storage.clear_caches()
@@ -60,6 +65,7 @@ def test_a_read_without_the_cache_leaves_it_as_it_was(agent: Agent) -> None:
     assert len(states) == 1  # only the second, cached read
 
 
+@committing
 def test_the_fine_tuning_export_of_many_threads_keeps_no_state_in_the_cache(agent: Agent) -> None:
     for _ in range(5):
         grown(agent, 8)

@@ -120,7 +120,7 @@ def child(kind: str, limit: int | None, *, cached_reads: bool = False, endpoint:
     from checkpoints.models import Thread
 
     if cached_reads:  # the export as it read states before: through the process-wide state cache
-        trajectories._state = lambda checkpoint_id: storage.state_at(checkpoint_id)  # type: ignore[assignment]
+        trajectories._state = lambda checkpoint_id: storage.state_at(checkpoint_id)
     if kind == "otel":
         return otel_child(endpoint)
 
@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None) -> None:
         "otel_requests": sink.requests, "otel_bytes": sink.bytes,
         "peak_rss_ratio_1000_over_100": round(full["peak_rss_kib"] / small["peak_rss_kib"], 3),
         "peak_rss_kib_100": small["peak_rss_kib"], "peak_rss_kib_all": full["peak_rss_kib"],
-        "peak_rss_ratio_1000_over_100_cached_reads": round(full_before["peak_rss_kib"] / small_before["peak_rss_kib"], 3),
+        "peak_rss_ratio_1000_over_100_cached_reads":
+            round(full_before["peak_rss_kib"] / small_before["peak_rss_kib"], 3),
         "peak_rss_kib_100_cached_reads": small_before["peak_rss_kib"],
         "peak_rss_kib_all_cached_reads": full_before["peak_rss_kib"],
     }))  # fmt: skip

@@ -125,8 +125,9 @@ def segment_at(found: Sequence[Segment], when: datetime) -> Segment:
 
 def thread_runs(thread_id: UUID) -> list[Run]:
     return list(
-        Run.objects.filter(thread_id=thread_id).only("id", "thread", "reason", "status", "error", "created_at",
-                                                     "started_at", "finished_at")  # fmt: skip
+        Run.objects.filter(thread_id=thread_id).only(
+            "id", "thread", "reason", "status", "error", "created_at", "started_at", "finished_at"
+        )
     )
 
 
@@ -398,7 +399,9 @@ def _json(value: Any) -> str:
 # --------------------------------------------------------------------------- batch
 
 
-def thread_spans(thread: Thread, *, content: bool = False, resource: Resource | None = None) -> list[ReadableSpan] | None:
+def thread_spans(
+    thread: Thread, *, content: bool = False, resource: Resource | None = None
+) -> list[ReadableSpan] | None:
     """Every span of a thread's trajectory (its active branch), or None when its state is not
     chat-shaped or its history fails its integrity check."""
     if thread.head_id is None:

@@ -141,13 +141,13 @@ class _Exporter:
         if kind == "checkpoint.created":
             spans.extend(self._checkpoint_spans(conv, thread, UUID(data["checkpoint"])))
         elif kind == "approval.decided":
-            approval = ApprovalRequest.objects.select_related("decided_by").filter(pk=data.get("approval")).first()
+            approval = ApprovalRequest.objects.select_related("decided_by").filter(pk=UUID(data["approval"])).first()
             if approval is not None:
                 found = genai.segments(thread, genai.thread_runs(thread.pk))
                 span = genai.approval_span(conv, approval, segment=genai.segment_at(found, approval.created_at))
                 spans.extend([span] if span is not None else [])
         elif kind in RUN_ENDS:
-            run = Run.objects.filter(pk=data.get("run"), thread_id=thread.pk).first()
+            run = Run.objects.filter(pk=UUID(data["run"]), thread_id=thread.pk).first()
             if run is not None and run.started_at is not None:
                 spans.append(self._agent_span(conv, thread, run=run))
         if (kind in ("thread.updated", "checkpoint.created")) and data.get("status") in genai.FINISHED_THREAD:
@@ -213,7 +213,10 @@ class _Exporter:
 
     def _thread_span(self, conv: genai.Conversation, thread: Thread) -> ReadableSpan | None:
         found = genai.segments(thread, genai.thread_runs(thread.pk))
-        if len(found) > 1 and not Checkpoint.objects.filter(thread_id=thread.pk, created_at__lt=found[1].start).exists():
+        if (
+            len(found) > 1
+            and not Checkpoint.objects.filter(thread_id=thread.pk, created_at__lt=found[1].start).exists()
+        ):
             return None  # nothing happened before the first run
         return self._agent_span(conv, thread, run=None)
 

@@ -287,10 +287,14 @@ QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=10
 QUICKSAVE_GENAI_LIVE_AGENTS = frozenset(envlist("QUICKSAVE_GENAI_LIVE_AGENTS"))
 for _name in QUICKSAVE_GENAI_LIVE_AGENTS:
     if not re.fullmatch(r"[-a-zA-Z0-9_]{1,64}", _name):
-        raise ConfigError(f"QUICKSAVE_GENAI_LIVE_AGENTS must list agent names (letters, digits, - and _), got {_name!r}")
+        raise ConfigError(
+            f"QUICKSAVE_GENAI_LIVE_AGENTS must list agent names (letters, digits, - and _), got {_name!r}"
+        )
 QUICKSAVE_GENAI_OTLP_ENDPOINT = envstr("QUICKSAVE_GENAI_OTLP_ENDPOINT").strip()
 if QUICKSAVE_GENAI_OTLP_ENDPOINT and urlparse(QUICKSAVE_GENAI_OTLP_ENDPOINT).scheme not in ("http", "https"):
-    raise ConfigError(f"QUICKSAVE_GENAI_OTLP_ENDPOINT must be an http:// or https:// URL, got {QUICKSAVE_GENAI_OTLP_ENDPOINT!r}")
+    raise ConfigError(
+        f"QUICKSAVE_GENAI_OTLP_ENDPOINT must be an http:// or https:// URL, got {QUICKSAVE_GENAI_OTLP_ENDPOINT!r}"
+    )
 QUICKSAVE_GENAI_CAPTURE_CONTENT = envbool("QUICKSAVE_GENAI_CAPTURE_CONTENT", False)
 
 # Long-term memory (memory/): the largest value one item may hold, as canonical JSON.

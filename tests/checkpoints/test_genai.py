@@ -32,6 +32,7 @@ from checkpoints import genai_live, storage
 from checkpoints.models import Checkpoint, Thread
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
+from quicksave_agents.runs import claim_run, enqueue_run, finish_run
 from tests.conftest import person
 from tests.processes import ROOT, free_port
 from tests.waiting import wait_until
@@ -143,8 +144,12 @@ STEPS: list[tuple[dict[str, Any], dict[str, Any] | None]] = [
 ]
 
 
-def chat_thread(agent: Agent, *, steps: list[tuple[dict[str, Any], dict[str, Any] | None]] = STEPS,
-                status_last: str = "completed", before_each: Any = None) -> tuple[Thread, list[Checkpoint]]:  # fmt: skip
+Steps = list[tuple[dict[str, Any], dict[str, Any] | None]]
+
+
+def chat_thread(
+    agent: Agent, *, steps: Steps = STEPS, status_last: str = "completed", before_each: Any = None
+) -> tuple[Thread, list[Checkpoint]]:
     """A thread whose `messages` grow by one message a checkpoint (with model parameters on the
     checkpoints that record a model's answer)."""
     thread, _ = storage.create_thread(agent=agent)
@@ -154,11 +159,11 @@ def chat_thread(agent: Agent, *, steps: list[tuple[dict[str, Any], dict[str, Any
             before_each(number, thread, written)
         status = status_last if number == len(steps) - 1 else "running"
         if not written:
-            head = storage.append_checkpoint(thread=thread, parent=None, state={"messages": [message], "tools": TOOLS},
-                                             model=model, status=status)  # fmt: skip
+            state = {"messages": [message], "tools": TOOLS}
+            head = storage.append_checkpoint(thread=thread, parent=None, state=state, model=model, status=status)
         else:
-            head = storage.append_checkpoint(thread=thread, parent=written[-1], model=model, status=status,
-                                             patch=[{"op": "add", "path": "/messages/-", "value": message}])  # fmt: skip
+            patch = [{"op": "add", "path": "/messages/-", "value": message}]
+            head = storage.append_checkpoint(thread=thread, parent=written[-1], model=model, status=status, patch=patch)
         written.append(head)
     return Thread.objects.get(pk=thread.pk), written
 
@@ -231,7 +236,7 @@ def _ns(checkpoint: Checkpoint) -> int:
 def test_message_content_goes_only_when_asked_for_and_round_trips_the_conversation(
     agent: Agent, receiver: Receiver
 ) -> None:
-    thread, _ = chat_thread(agent)
+    chat_thread(agent)
     export(receiver, "--content")
     last = max(receiver.named("chat"), key=lambda span: span.end)
     sent = json.loads(last.attributes["gen_ai.input.messages"]) + json.loads(last.attributes["gen_ai.output.messages"])
@@ -240,7 +245,8 @@ def test_message_content_goes_only_when_asked_for_and_round_trips_the_conversati
         {"role": "user", "parts": [{"type": "text", "content": "Find me a hotel in Porto."}]},
         {"role": "assistant", "parts": [{"type": "tool_call", "id": "call_1", "name": "search_hotels",
                                          "arguments": {"city": "Porto"}}]},
-        {"role": "tool", "parts": [{"type": "tool_call_response", "id": "call_1", "response": "Hotel Infante, 120 EUR"}]},
+        {"role": "tool",
+         "parts": [{"type": "tool_call_response", "id": "call_1", "response": "Hotel Infante, 120 EUR"}]},
         {"role": "assistant", "parts": [{"type": "text", "content": "Hotel Infante is free for 120 EUR a night."}],
          "finish_reason": "stop"},
     ]  # fmt: skip
@@ -338,7 +344,9 @@ def test_live_export_sends_an_agents_spans_as_its_checkpoints_are_appended_and_t
     receiver: Receiver,
 ) -> None:
     listed, unlisted = get_or_create_agent(name="travel"), get_or_create_agent(name="code-review")
-    with override_settings(QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}), QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url):
+    with override_settings(
+        QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}), QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url
+    ):
         chat_thread(unlisted)
         thread, written = chat_thread(listed, steps=STEPS[:3], status_last="running")
         assert genai_live.flush()
@@ -348,7 +356,9 @@ def test_live_export_sends_an_agents_spans_as_its_checkpoints_are_appended_and_t
         storage.append_checkpoint(thread=thread, parent=written[-1], model=MODEL, status="completed",
                                   patch=[{"op": "add", "path": "/messages/-", "value": STEPS[3][0]}])  # fmt: skip
         assert genai_live.flush()
-        wait_until(lambda: receiver.named("invoke_agent"), what="the agent's span once the thread completed", timeout=10)
+        wait_until(
+            lambda: receiver.named("invoke_agent"), what="the agent's span once the thread completed", timeout=10
+        )
     root = only(receiver.named("invoke_agent"))
     assert {span.attributes["gen_ai.conversation.id"] for span in receiver.spans} == {str(thread.pk)}
     assert chat.parent_id == tool.parent_id == root.span_id
@@ -365,8 +375,8 @@ def test_live_export_sends_an_agents_spans_as_its_checkpoints_are_appended_and_t
 @pytest.mark.django_db(transaction=True)
 def test_live_export_sends_content_only_when_switched_on(receiver: Receiver) -> None:
     agent = get_or_create_agent(name="travel")
-    with override_settings(QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}), QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url,
-                           QUICKSAVE_GENAI_CAPTURE_CONTENT=True):  # fmt: skip
+    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.url}
+    with override_settings(**live, QUICKSAVE_GENAI_CAPTURE_CONTENT=True):
         chat_thread(agent, steps=STEPS[:3], status_last="running")
         assert genai_live.flush()
         wait_until(lambda: receiver.named("execute_tool"), what="the tool call's span", timeout=10)
@@ -418,3 +428,43 @@ def test_a_bad_genai_setting_stops_the_process_naming_it(tmp_path: Any, variable
                             timeout=60)  # fmt: skip
     assert "STARTED" not in result.stdout
     assert f"ConfigError: {error}" in result.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_live_export_sends_a_runs_span_when_it_ends_and_an_approvals_span_when_it_is_decided(
+    receiver: Receiver,
+) -> None:
+    agent = get_or_create_agent(name="travel")
+    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.url}
+    with override_settings(**live):
+        claimed: list[Run] = []
+
+        def run_starts(number: int, thread: Thread, written: list[Checkpoint]) -> None:
+            if number == 1:
+                enqueue_run(thread=thread, checkpoint=written[-1], reason=RunReason.START)
+                claimed.append(claim_run(agents=[agent], worker="w1"))  # type: ignore[arg-type]
+
+        thread, written = chat_thread(agent, status_last="running", before_each=run_starts)
+        approval = request_approval(thread=thread, checkpoint=written[1], action="search_hotels", args={"city": "X"})
+        decide(approval=approval, user=person("rita", "reviewer"), decision="approve", args={"city": "Porto"})
+        finish_run(run=claimed[0], worker="w1", status=RunStatus.COMPLETED)
+        storage.set_thread_status(thread=thread, status="completed")
+        assert genai_live.flush()
+        wait_until(
+            lambda: len(receiver.named("invoke_agent")) == 2, what="the run's and the thread's spans", timeout=10
+        )
+    roots = {span.attributes.get("quicksave.run.id", "thread"): span for span in receiver.named("invoke_agent")}
+    assert set(roots) == {"thread", str(claimed[0].pk)}
+    run_root = roots[str(claimed[0].pk)]
+    assert run_root.attributes["quicksave.run.status"] == "completed"
+    decided = only(receiver.named("approval"))
+    assert decided.parent_id == run_root.span_id  # asked for during the run
+    assert decided.attributes["quicksave.approval.decision"] == "approve_edited"
+    assert decided.attributes["quicksave.approval.reviewer"] == "rita"
+    assert {span.parent_id for span in receiver.named("chat") + receiver.named("execute_tool")} == {run_root.span_id}
+    live_spans = {(span.name, span.span_id, span.parent_id, span.trace_id, span.start, span.end)
+                  for span in receiver.spans}  # fmt: skip
+    receiver.spans.clear()
+    export(receiver, "--agent", "travel")
+    assert live_spans == {(span.name, span.span_id, span.parent_id, span.trace_id, span.start, span.end)
+                          for span in receiver.spans}  # fmt: skip

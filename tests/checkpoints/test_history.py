@@ -19,7 +19,9 @@ committing = pytest.mark.django_db(transaction=True)
 
 def grown(agent: Agent, steps: int) -> tuple[Thread, list[Checkpoint]]:
     thread, _ = storage.create_thread(agent=agent)
-    written = [storage.append_checkpoint(thread=thread, parent=None, state={"messages": [{"role": "user", "content": "hi"}]})]
+    written = [
+        storage.append_checkpoint(thread=thread, parent=None, state={"messages": [{"role": "user", "content": "hi"}]})
+    ]
     for step in range(1, steps):
         role = "assistant" if step % 2 else "user"
         written.append(storage.append_checkpoint(thread=thread, parent=written[-1], patch=[
@@ -42,8 +44,8 @@ def test_history_gives_every_state_on_the_path_once_and_caches_none(agent: Agent
 def test_history_follows_a_fork_back_through_its_parent_branch(agent: Agent) -> None:
     thread, written = grown(agent, 6)
     fork = forks.fork(checkpoint=written[2], user=person("ada", "admin"), reason="try again")
-    child = storage.append_checkpoint(thread=thread, parent=fork, branch=fork.branch.name,
-                                      patch=[{"op": "add", "path": "/messages/-", "value": {"role": "user", "content": "b"}}])  # fmt: skip
+    patch = [{"op": "add", "path": "/messages/-", "value": {"role": "user", "content": "b"}}]
+    child = storage.append_checkpoint(thread=thread, parent=fork, branch=fork.branch.name, patch=patch)
     path = [row.id for row, _ in storage.history(child.pk)]
     assert path == [written[0].pk, written[1].pk, written[2].pk, fork.pk, child.pk]
     *_, (_, last) = storage.history(child.pk)

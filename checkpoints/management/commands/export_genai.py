@@ -28,8 +28,10 @@ class Command(BaseCommand):
         parser.add_argument("--until", help="Threads started before this time (ISO 8601)")
         parser.add_argument("--outcome", choices=ThreadStatus.values, help="Only threads with this status")
         parser.add_argument("--endpoint", help="The OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces")
-        parser.add_argument("--content", action="store_true",
-                            help="Send message content too (gen_ai.input.messages, tool arguments and results)")  # fmt: skip
+        parser.add_argument(
+            "--content", action="store_true",
+            help="Send message content too (gen_ai.input.messages, tool arguments and results)",
+        )  # fmt: skip
         parser.add_argument("--timeout", type=float, default=10.0, help="Seconds to wait for the receiver per request")
         parser.add_argument("--no-progress", action="store_true", help="No progress bar")
 

@@ -28,7 +28,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from approvals.services import decide, request_approval
-from checkpoints import genai_live, storage
+from checkpoints import forks, genai_live, storage
 from checkpoints.models import Checkpoint, Thread
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
@@ -468,3 +468,19 @@ def test_live_export_sends_a_runs_span_when_it_ends_and_an_approvals_span_when_i
     export(receiver, "--agent", "travel")
     assert live_spans == {(span.name, span.span_id, span.parent_id, span.trace_id, span.start, span.end)
                           for span in receiver.spans}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_forked_thread_is_exported_along_its_active_branch_only(agent: Agent, receiver: Receiver) -> None:
+    thread, written = chat_thread(agent, steps=STEPS[:3], status_last="running")  # the abandoned result: Infante
+    better = {"role": "tool", "tool_call_id": "call_1", "content": "Hotel Porto Bay, 95 EUR"}
+    fork = forks.fork(checkpoint=written[1], user=person("ada", "admin"), reason="a cheaper hotel",
+                      patch=[{"op": "add", "path": "/messages/-", "value": better}])  # fmt: skip
+    answer = {"op": "add", "path": "/messages/-", "value": {"role": "assistant", "content": "Porto Bay it is."}}
+    storage.append_checkpoint(thread=thread, parent=fork, branch=fork.branch.name, model=MODEL, patch=[answer])
+    export(receiver, "--content")
+    tool = only(receiver.named("execute_tool"))
+    assert tool.attributes["gen_ai.tool.call.result"] == "Hotel Porto Bay, 95 EUR"
+    assert (tool.start, tool.end) == (_ns(written[1]), _ns(fork))
+    assert len(receiver.named("chat")) == 2
+    assert not any("Infante" in json.dumps(span.attributes) for span in receiver.spans)

@@ -7,7 +7,8 @@ integrity MAC chained from its parent's, and what saves replays (this process's 
 each branch's materialised head in PostgreSQL).
 
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
-approvals) use the names below: append, read a state, diff, the thread and branch writes, the
+approvals) use the names below: append, read a state (with `cache=False` around this process's
+cache; `history`: every state of a trajectory in one replay), diff, the thread and branch writes, the
 tool-result cache, and for lifecycle work the payload primitives, integrity checks and
 `rewrite_chain` (compaction's only way to change stored rows). The modules behind them are
 internal; the primitives a few callers need by module are `codec` (framing and MACs, and

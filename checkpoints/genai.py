@@ -45,6 +45,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from django.db.models import QuerySet
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
@@ -123,12 +124,12 @@ def segment_at(found: Sequence[Segment], when: datetime) -> Segment:
     return found[max(index, 0)]
 
 
-def thread_runs(thread_id: UUID) -> list[Run]:
-    return list(
-        Run.objects.filter(thread_id=thread_id).only(
-            "id", "thread", "reason", "status", "error", "created_at", "started_at", "finished_at"
-        )
+def thread_runs(thread: UUID | list[UUID]) -> list[Run]:
+    """The runs of a thread (or of several)."""
+    chosen = (
+        Run.objects.filter(thread_id__in=thread) if isinstance(thread, list) else Run.objects.filter(thread_id=thread)
     )
+    return list(chosen.only("id", "thread", "reason", "status", "error", "created_at", "started_at", "finished_at"))
 
 
 # --------------------------------------------------------------------------- what a span says
@@ -337,12 +338,14 @@ def approval_span(conv: Conversation, approval: ApprovalRequest, *, segment: Seg
                      attributes=attributes, status=status, events=[event])  # fmt: skip
 
 
-def decided_approvals(thread_id: UUID) -> Iterator[ApprovalRequest]:
-    return iter(
-        ApprovalRequest.objects.filter(thread_id=thread_id, decided_at__isnull=False)
-        .select_related("decided_by")
-        .order_by("created_at", "pk")
+def decided_approvals(thread: UUID | list[UUID]) -> list[ApprovalRequest]:
+    """The decided approvals of a thread (or of several), oldest first."""
+    chosen = (
+        ApprovalRequest.objects.filter(thread_id__in=thread)
+        if isinstance(thread, list)
+        else ApprovalRequest.objects.filter(thread_id=thread)
     )
+    return list(chosen.filter(decided_at__isnull=False).select_related("decided_by").order_by("created_at", "pk"))
 
 
 # --------------------------------------------------------------------------- message shapes
@@ -400,7 +403,12 @@ def _json(value: Any) -> str:
 
 
 def thread_spans(
-    thread: Thread, *, content: bool = False, resource: Resource | None = None
+    thread: Thread,
+    *,
+    content: bool = False,
+    resource: Resource | None = None,
+    runs: Sequence[Run] | None = None,
+    approvals: Sequence[ApprovalRequest] | None = None,
 ) -> list[ReadableSpan] | None:
     """Every span of a thread's trajectory (its active branch), or None when its state is not
     chat-shaped or its history fails its integrity check."""
@@ -420,7 +428,7 @@ def thread_spans(
         return None
     conv = conversation(thread, content=content, resource=resource)
     conv.tools = {tool["function"]["name"]: tool["function"].get("description", "") for tool in tools}
-    found = segments(thread, thread_runs(thread.pk))
+    found = segments(thread, thread_runs(thread.pk) if runs is None else runs)
     activity: dict[str, Activity] = {}
     arrived: list[datetime] = []  # when each message first appeared
 
@@ -437,7 +445,7 @@ def thread_spans(
         previous = stamps[position - 1] if position else None
         spans.extend(message_spans(conv, messages=messages, new=new, stamp=stamp, previous=previous,
                                    segment=segment, introduced=introduced))  # fmt: skip
-    for approval in decided_approvals(thread.pk):
+    for approval in decided_approvals(thread.pk) if approvals is None else approvals:
         segment = segment_at(found, approval.created_at)
         span = approval_span(conv, approval, segment=segment)
         if span is not None and approval.decided_at is not None:
@@ -490,14 +498,15 @@ class ExportFailed(Exception):
 
 
 def export(
-    threads: Iterator[Thread],
+    pages: Iterator[list[Thread]],
     exporter: Any,
     *,
     content: bool = False,
     progress: Callable[[Sent], None] | None = None,
 ) -> Sent:
     """Build each thread's spans and send them through `exporter` (an OpenTelemetry SpanExporter),
-    EXPORT_BATCH at a time; raises ExportFailed when the receiver does not take a batch."""
+    EXPORT_BATCH at a time; raises ExportFailed when the receiver does not take a batch. The runs
+    and decided approvals of a page of threads are read in one query each."""
     from opentelemetry.sdk.trace.export import SpanExportResult
 
     sent = Sent()
@@ -511,31 +520,40 @@ def export(
             sent.spans += len(pending)
             pending.clear()
 
-    for thread in threads:
-        spans = thread_spans(thread, content=content, resource=resource)
-        if spans is None:
-            sent.skipped += 1
-            if len(sent.skipped_ids) < 20:
-                sent.skipped_ids.append(str(thread.pk))
-        else:
-            sent.threads += 1
-            pending.extend(spans)
-            if len(pending) >= EXPORT_BATCH:
-                flush()
-        if progress is not None:
-            progress(sent)
+    for page in pages:
+        ids = [thread.pk for thread in page]
+        runs: dict[UUID, list[Run]] = {}
+        for run in thread_runs(ids):
+            runs.setdefault(run.thread_id, []).append(run)
+        approvals: dict[UUID, list[ApprovalRequest]] = {}
+        for approval in decided_approvals(ids):
+            approvals.setdefault(approval.thread_id, []).append(approval)
+        for thread in page:
+            spans = thread_spans(thread, content=content, resource=resource, runs=runs.get(thread.pk, []),
+                                 approvals=approvals.get(thread.pk, []))  # fmt: skip
+            if spans is None:
+                sent.skipped += 1
+                if len(sent.skipped_ids) < 20:
+                    sent.skipped_ids.append(str(thread.pk))
+            else:
+                sent.threads += 1
+                pending.extend(spans)
+                if len(pending) >= EXPORT_BATCH:
+                    flush()
+            if progress is not None:
+                progress(sent)
     flush()
     return sent
 
 
-def threads_in_order(threads: Any, *, batch_size: int = 200) -> Iterator[Thread]:
-    """`threads` with a head, in id order, a keyset batch at a time (constant memory)."""
+def thread_pages(threads: QuerySet[Thread], *, batch_size: int = 200) -> Iterator[list[Thread]]:
+    """`threads` with a head, in id order, a keyset page at a time (constant memory)."""
     rows = threads.filter(head__isnull=False).select_related("agent").order_by("pk")
     after: UUID | None = None
     while True:
-        page = rows if after is None else rows.filter(pk__gt=after)
-        batch = list(page[:batch_size])
-        yield from batch
-        if len(batch) < batch_size:
+        page = list((rows if after is None else rows.filter(pk__gt=after))[:batch_size])
+        if page:
+            yield page
+        if len(page) < batch_size:
             return
-        after = batch[-1].pk
+        after = page[-1].pk

@@ -56,7 +56,7 @@ class Command(BaseCommand):
             self.stderr.flush()
 
         try:
-            sent = genai.export(genai.threads_in_order(threads), exporter, content=options["content"],
+            sent = genai.export(genai.thread_pages(threads), exporter, content=options["content"],
                                 progress=None if options["no_progress"] else progress)  # fmt: skip
         except genai.ExportFailed as exc:
             raise CommandError(

@@ -19,6 +19,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -261,6 +262,22 @@ def publish(
     _publisher.send(thread_group(thread_id), payload, trace=trace)
     if type in INBOX_TYPES:
         _publisher.send(INBOX_GROUP, {**payload, "agent": agent}, trace=trace)
+    for listener in _listeners:
+        try:
+            listener(payload)
+        except Exception:  # a listener's fault is not the writer's: its commit stands
+            log.warning("a listener of committed events failed", exc_info=True)
+
+
+# Who else hears of each committed event (the GenAI export, checkpoints.genai_live): called in the
+# writer's thread just after its commit, so a listener only queues the event for a thread of its own.
+_listeners: list[Callable[[dict[str, Any]], None]] = []
+
+
+def listen(listener: Callable[[dict[str, Any]], None]) -> None:
+    """Call `listener(event)` with every event this process commits (once per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
 
 
 def send_on_commit(group: str, payload: dict[str, Any]) -> None:

@@ -247,9 +247,12 @@ def _call_turn(approval: ApprovalRequest, args: Any) -> dict[str, Any]:
 
 def _state(checkpoint_id: UUID) -> dict[str, Any]:
     """The state at a checkpoint, or {} (skipped as not chat-shaped) when a row fails its integrity
-    check: by then the stream has started, and one altered thread must not end everyone's file."""
+    check: by then the stream has started, and one altered thread must not end everyone's file.
+
+    Read once, so kept out of the process's state cache: an export of every thread would otherwise
+    fill it (the process grows by the cache's budget) and push out the states live readers use."""
     try:
-        return storage.state_at(checkpoint_id)
+        return storage.state_at(checkpoint_id, cache=False)
     except storage.IntegrityFailure:
         return {}
 

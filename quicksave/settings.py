@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -282,6 +283,22 @@ QUICKSAVE_KEY_CACHE_SECONDS = envint("QUICKSAVE_KEY_CACHE_SECONDS", 5, minimum=0
 # Failed authentications (bad agent keys, failed sign-ins) one address may make in a minute before 429s.
 QUICKSAVE_AUTH_FAILURES_PER_MINUTE = envint("QUICKSAVE_AUTH_FAILURES_PER_MINUTE", 20, minimum=1)
 QUICKSAVE_MAX_QUERY_BYTES = envint("QUICKSAVE_MAX_QUERY_BYTES", 8192, minimum=1024)
+
+# The GenAI export (checkpoints/genai.py): the agents whose threads are sent live as OpenTelemetry GenAI
+# spans (names, comma-separated; none by default), where to (an OTLP/HTTP traces URL; unset: where the
+# OTEL_EXPORTER_OTLP_* variables say), and whether message content goes with them (off by default).
+QUICKSAVE_GENAI_LIVE_AGENTS = frozenset(envlist("QUICKSAVE_GENAI_LIVE_AGENTS"))
+for _name in QUICKSAVE_GENAI_LIVE_AGENTS:
+    if not re.fullmatch(r"[-a-zA-Z0-9_]{1,64}", _name):
+        raise ConfigError(
+            f"QUICKSAVE_GENAI_LIVE_AGENTS must list agent names (letters, digits, - and _), got {_name!r}"
+        )
+QUICKSAVE_GENAI_OTLP_ENDPOINT = envstr("QUICKSAVE_GENAI_OTLP_ENDPOINT").strip()
+if QUICKSAVE_GENAI_OTLP_ENDPOINT and urlparse(QUICKSAVE_GENAI_OTLP_ENDPOINT).scheme not in ("http", "https"):
+    raise ConfigError(
+        f"QUICKSAVE_GENAI_OTLP_ENDPOINT must be an http:// or https:// URL, got {QUICKSAVE_GENAI_OTLP_ENDPOINT!r}"
+    )
+QUICKSAVE_GENAI_CAPTURE_CONTENT = envbool("QUICKSAVE_GENAI_CAPTURE_CONTENT", False)
 
 # Long-term memory (memory/): the largest value one item may hold, as canonical JSON.
 QUICKSAVE_MEMORY_MAX_VALUE_BYTES = envint("QUICKSAVE_MEMORY_MAX_VALUE_BYTES", 4 * 1024 * 1024, minimum=1024)

@@ -22,7 +22,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -37,6 +37,10 @@ from opentelemetry.sdk.trace.sampling import (
 )
 from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import Attributes
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 from quicksave.env import ConfigError, envbool, envstr
 
@@ -74,20 +78,15 @@ def configure() -> bool:
         if _enabled:
             return True
         # Imported here: a process without tracing loads none of the SDK's exporter machinery.
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.instrumentation.django import DjangoInstrumentor
         from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
         from opentelemetry.instrumentation.psycopg import PsycopgInstrumentor
         from opentelemetry.instrumentation.redis import RedisInstrumentor
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        resource = Resource.create()
-        if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
-            resource = resource.merge(Resource({"service.name": "quicksave"}))  # OTEL_SERVICE_NAME unset
-        provider = TracerProvider(resource=resource, sampler=NoOrphanClientSpans(sampler_from_env()))
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        provider = TracerProvider(resource=resource(), sampler=NoOrphanClientSpans(sampler_from_env()))
+        provider.add_span_processor(BatchSpanProcessor(span_exporter()))
         trace.set_tracer_provider(provider)
         DjangoInstrumentor().instrument(tracer_provider=provider)
         PsycopgInstrumentor().instrument(tracer_provider=provider)
@@ -96,6 +95,26 @@ def configure() -> bool:
         _enabled = True
     log.info("tracing on: spans go to %s", _endpoint())
     return True
+
+
+def resource() -> Resource:
+    """The resource Quicksave's spans name: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES, with
+    `quicksave` as the service's name when the environment gives none."""
+    from opentelemetry.sdk.resources import Resource
+
+    found = Resource.create()
+    if str(found.attributes.get("service.name", "")).startswith("unknown_service"):
+        found = found.merge(Resource({"service.name": "quicksave"}))  # OTEL_SERVICE_NAME unset
+    return found
+
+
+def span_exporter(endpoint: str | None = None, *, timeout: float | None = None) -> SpanExporter:
+    """The OTLP/HTTP exporter, to `endpoint` (a full URL, e.g. http://collector:4318/v1/traces) or,
+    without one, where the OTEL_EXPORTER_OTLP_* variables say; its headers and compression come
+    from those variables either way."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=endpoint or None, timeout=timeout)
 
 
 def shutdown() -> None:
@@ -202,4 +221,15 @@ def ids() -> tuple[str, str] | None:
     return format(ctx.trace_id, "032x"), format(ctx.span_id, "016x")
 
 
-__all__ = ["configure", "current_carrier", "enabled", "ids", "requested", "sampler_from_env", "shutdown", "span"]
+__all__ = [
+    "configure",
+    "current_carrier",
+    "enabled",
+    "ids",
+    "requested",
+    "resource",
+    "sampler_from_env",
+    "shutdown",
+    "span",
+    "span_exporter",
+]

@@ -7,14 +7,15 @@ integrity MAC chained from its parent's, and what saves replays (this process's 
 each branch's materialised head in PostgreSQL).
 
 Callers (the API, the pages, forks, retention, export, the LangGraph integration, agents and
-approvals) use the names below: append, read a state, diff, a value's history (`history`, with
-its `_changedpath` index), the thread and branch writes, the tool-result cache, and for lifecycle
-work the payload primitives, integrity checks and `rewrite_chain` (compaction's only way to change
-stored rows). The modules behind them are internal; the primitives a few callers need by module
-are `codec` (framing and MACs, and `keyed_digest` for records outside the chain), `crypto`
-(sealing a value to its row, under a thread's key or, with `wrap_key` and `seal_with`, a key the
-caller keeps: memory's namespaces), `jsonpatch` (RFC 6902), `lru` (the one cache helper), `blobs`
-(reading an offloaded value) and `lent_connection`.
+approvals) use the names below: append, read a state (with `cache=False` around this process's
+cache; `states_along`: every state of a trajectory in one replay), diff, a value's history
+(`history`, with its `_changedpath` index), the thread and branch writes, the tool-result cache,
+and for lifecycle work the payload primitives, integrity checks and `rewrite_chain` (compaction's
+only way to change stored rows). The modules behind them are internal; the primitives a few
+callers need by module are `codec` (framing and MACs, and `keyed_digest` for records outside the
+chain), `crypto` (sealing a value to its row, under a thread's key or, with `wrap_key` and
+`seal_with`, a key the caller keeps: memory's namespaces), `jsonpatch` (RFC 6902), `lru` (the one
+cache helper), `blobs` (reading an offloaded value) and `lent_connection`.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
@@ -38,12 +39,13 @@ from checkpoints.storage.history import ABSENT, ValueChange, value_history
 from checkpoints.storage.history import decode_cursor as decode_history_cursor
 from checkpoints.storage.history import encode_cursor as encode_history_cursor
 from checkpoints.storage.nodes import Node
-from checkpoints.storage.payloads import decode_payload, encode_payload, mac_fields, payload_ad
+from checkpoints.storage.payloads import Row, decode_payload, encode_payload, mac_fields, payload_ad
 from checkpoints.storage.reads import (
     REPLAY_COST_PER_BYTE,
     clear_caches,
     clone,
     diff,
+    history,
     latest_state,
     load_node,
     state_at,
@@ -84,6 +86,7 @@ __all__ = [
     "NotFound",
     "Problem",
     "Relinked",
+    "Row",
     "StaleParent",
     "StateTooLarge",
     "StoreError",
@@ -104,6 +107,7 @@ __all__ = [
     "events_after",
     "get_branch_name",
     "get_tool_result",
+    "history",
     "latest_state",
     "load_node",
     "mac_fields",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 from uuid import UUID
 
@@ -99,18 +100,20 @@ def _chain(checkpoint_id: UUID, *, from_head: bool = True) -> tuple[list[Row], _
     return [Row._make(row) for row in rows], head
 
 
-def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
+def load_node(checkpoint_id: UUID | str, *, hot: bool = False, cache: bool = True) -> Node:
     """Materialise a checkpoint, checking the integrity of every row replayed.
 
     Looks in this process's cache, then replays from the branch's materialised head or the
     nearest snapshot; `hot` (callers pass it for branch heads, which are read again) saves a
-    long replay's state as the branch's materialised head.
+    long replay's state as the branch's materialised head. `cache=False` (a read of many states
+    once each, such as an export) still uses what the cache holds but adds nothing to it, so it
+    neither grows the process nor pushes out the states its other readers use.
     """
     checkpoint_id = checkpoint_id if isinstance(checkpoint_id, UUID) else UUID(str(checkpoint_id))
     cached = states.get(checkpoint_id)
     if cached is not None:
         return cached
-    node, replayed_bytes = _replay(checkpoint_id)
+    node, replayed_bytes = _replay(checkpoint_id, remember=cache)
     if hot and replayed_bytes * REPLAY_COST_PER_BYTE * 2 > node.state_bytes:
         # The next cold read of this head (or of a checkpoint soon after it) would replay the
         # same deltas again, at more than half the cost of reading the state whole: save it.
@@ -118,8 +121,9 @@ def load_node(checkpoint_id: UUID | str, *, hot: bool = False) -> Node:
     return node
 
 
-def _replay(checkpoint_id: UUID) -> tuple[Node, int]:
-    """Materialise a checkpoint from the database; also returns the delta bytes it replayed."""
+def _replay(checkpoint_id: UUID, *, remember: bool = True) -> tuple[Node, int]:
+    """Materialise a checkpoint from the database (kept in the cache when `remember`); also
+    returns the delta bytes it replayed."""
     rows, head = _chain(checkpoint_id)
     if not rows or rows[-1].id != checkpoint_id:
         raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s chain back to its snapshot is broken.")
@@ -158,8 +162,63 @@ def _replay(checkpoint_id: UUID) -> tuple[Node, int]:
     replayed_bytes = rows[-1].chain_bytes - rows[start - 1].chain_bytes if start < len(rows) else 0
     if start < len(rows):
         node = _node_from(rows[-1], state)
-    states.remember(node.id, node)
+    if remember:
+        states.remember(node.id, node)
     return node, replayed_bytes
+
+
+# The ids of the checkpoints from the thread's first to this one, oldest first (parent links
+# cross forks); the rows are then read a batch at a time.
+_PATH_SQL = """
+WITH RECURSIVE path AS (
+    SELECT c.id, c.parent_id, 0 AS depth FROM checkpoints_checkpoint c WHERE c.id = %(id)s
+    UNION ALL
+    SELECT c.id, c.parent_id, path.depth + 1 FROM checkpoints_checkpoint c JOIN path ON c.id = path.parent_id
+)
+SELECT id FROM path ORDER BY depth DESC
+"""
+_ROWS_SQL = f"SELECT {_ROW_COLUMNS}, NULL FROM checkpoints_checkpoint c WHERE c.id = ANY(%(ids)s)"
+HISTORY_BATCH = 200
+
+
+def history(checkpoint: Checkpoint | UUID) -> Iterator[tuple[Row, dict[str, Any]]]:
+    """Every checkpoint from its thread's first to `checkpoint` (across the forks on the way),
+    oldest first, each with its state: one replay of the whole path, every row checked against
+    its parent's MAC, nothing added to the process's cache (a reader of a whole trajectory, such
+    as an export, reads each state once).
+
+    The state is the walk's own and is patched in place at the next step: copy what you keep.
+    Raises NotFound for an unknown checkpoint and IntegrityFailure for a row that fails its check.
+    """
+    checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
+    with cursors.cursor() as cursor:
+        cursor.execute(_PATH_SQL, {"id": checkpoint_id})
+        ids = [row[0] for row in cursor.fetchall()]
+    if not ids:
+        raise NotFound(f"Checkpoint {checkpoint_id} does not exist.")
+    state: dict[str, Any] = {}
+    integrity: bytes | None = None
+    for first in range(0, len(ids), HISTORY_BATCH):
+        batch = ids[first : first + HISTORY_BATCH]
+        with cursors.cursor(json=True) as cursor:
+            cursor.execute(_ROWS_SQL, {"ids": batch})
+            by_id = {row[0]: Row._make(row) for row in cursor.fetchall()}
+        for row_id in batch:
+            row = by_id.get(row_id)
+            if row is None:  # deleted while we read (a thread deleted, compaction)
+                raise IntegrityFailure(f"Checkpoint {checkpoint_id}'s history changed while it was read.")
+            verify_row(row, parent_integrity=integrity)
+            if row.kind == PayloadKind.SNAPSHOT:
+                state = decode_payload(row)
+            elif integrity is None:
+                raise IntegrityFailure(f"Checkpoint {row.id} begins its thread without a snapshot.")
+            else:
+                try:
+                    state = apply_patch(state, decode_payload(row), measure=False, in_place=True).doc
+                except PatchError as exc:
+                    raise IntegrityFailure(f"Checkpoint {row.id}'s delta does not apply: {exc.message}") from None
+            integrity = row.integrity
+            yield row, state
 
 
 # --------------------------------------------------------------------------- materialised heads
@@ -232,13 +291,14 @@ def _node_from(row: Row, state: dict[str, Any]) -> Node:
     )  # fmt: skip
 
 
-def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False) -> dict[str, Any]:
+def state_at(checkpoint: Checkpoint | UUID, *, hot: bool = False, cache: bool = True) -> dict[str, Any]:
     """The full state at a checkpoint, integrity-checked; the caller owns the returned copy.
 
-    `hot`: the checkpoint is a branch head others will read too (see `load_node`).
+    `hot`: the checkpoint is a branch head others will read too; `cache=False`: a read made once,
+    kept out of the process's cache (see `load_node`).
     """
     checkpoint_id = checkpoint.pk if isinstance(checkpoint, Checkpoint) else checkpoint
-    return clone(load_node(checkpoint_id, hot=hot).state)
+    return clone(load_node(checkpoint_id, hot=hot, cache=cache).state)
 
 
 def latest_state(*, thread: Thread | UUID, branch: str = MAIN_BRANCH) -> tuple[UUID | None, dict[str, Any]]:

@@ -21,7 +21,7 @@ The trajectory is read as checkpoints/trajectories.py reads it: the `messages` o
 head of the thread's active branch, in OpenAI's chat shape (`trajectories.chat_messages`); a thread
 whose state is not in that shape, or whose history fails its integrity check, is skipped and
 counted. A message's time is the checkpoint at which the `messages` list first held it
-(`storage.history` replays the active branch once, keeping nothing in the process's cache).
+(`storage.states_along` replays the active branch once, keeping nothing in the process's cache).
 
 Message content (`gen_ai.input.messages`, `gen_ai.output.messages`, `gen_ai.tool.call.arguments`,
 `gen_ai.tool.call.result`, an approval's arguments) is left out unless asked for (`content=True`;
@@ -417,7 +417,7 @@ def thread_spans(
     stamps: list[Stamp] = []
     state: dict[str, Any] = {}
     try:
-        for row, state in storage.history(thread.head_id):
+        for row, state in storage.states_along(thread.head_id):
             raw = state.get("messages")
             stamps.append(Stamp.of(row, len(raw) if isinstance(raw, list) else 0))
     except (storage.IntegrityFailure, storage.NotFound):

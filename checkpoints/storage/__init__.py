@@ -45,10 +45,10 @@ from checkpoints.storage.reads import (
     clear_caches,
     clone,
     diff,
-    history,
     latest_state,
     load_node,
     state_at,
+    states_along,
 )
 from checkpoints.storage.rewrite import Relinked, rewrite_chain
 from checkpoints.storage.threads import (
@@ -107,7 +107,6 @@ __all__ = [
     "events_after",
     "get_branch_name",
     "get_tool_result",
-    "history",
     "latest_state",
     "load_node",
     "mac_fields",
@@ -120,6 +119,7 @@ __all__ = [
     "set_thread_status",
     "start_branch",
     "state_at",
+    "states_along",
     "tool_key",
     "valid_key",
     "value_history",

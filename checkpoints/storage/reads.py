@@ -181,7 +181,7 @@ _ROWS_SQL = f"SELECT {_ROW_COLUMNS}, NULL FROM checkpoints_checkpoint c WHERE c.
 HISTORY_BATCH = 200
 
 
-def history(checkpoint: Checkpoint | UUID) -> Iterator[tuple[Row, dict[str, Any]]]:
+def states_along(checkpoint: Checkpoint | UUID) -> Iterator[tuple[Row, dict[str, Any]]]:
     """Every checkpoint from its thread's first to `checkpoint` (across the forks on the way),
     oldest first, each with its state: one replay of the whole path, every row checked against
     its parent's MAC, nothing added to the process's cache (a reader of a whole trajectory, such

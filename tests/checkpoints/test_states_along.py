@@ -1,4 +1,4 @@
-"""Reading states without filling the process's state cache: `storage.history` (a whole trajectory,
+"""Reading states without filling the process's state cache: `storage.states_along` (a whole trajectory,
 replayed once) and `state_at(cache=False)` (a state read once, as the training exports read it)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def test_history_gives_every_state_on_the_path_once_and_caches_none(agent: Agent
     _, written = grown(agent, 40)
     expected = [storage.state_at(checkpoint.pk, cache=False) for checkpoint in written]
     storage.clear_caches()
-    seen = [(row.id, storage.clone(state)) for row, state in storage.history(written[-1].pk)]
+    seen = [(row.id, storage.clone(state)) for row, state in storage.states_along(written[-1].pk)]
     assert [checkpoint_id for checkpoint_id, _ in seen] == [checkpoint.pk for checkpoint in written]
     assert [state for _, state in seen] == expected
     assert len(states) == 0
@@ -46,9 +46,9 @@ def test_history_follows_a_fork_back_through_its_parent_branch(agent: Agent) -> 
     fork = forks.fork(checkpoint=written[2], user=person("ada", "admin"), reason="try again")
     patch = [{"op": "add", "path": "/messages/-", "value": {"role": "user", "content": "b"}}]
     child = storage.append_checkpoint(thread=thread, parent=fork, branch=fork.branch.name, patch=patch)
-    path = [row.id for row, _ in storage.history(child.pk)]
+    path = [row.id for row, _ in storage.states_along(child.pk)]
     assert path == [written[0].pk, written[1].pk, written[2].pk, fork.pk, child.pk]
-    *_, (_, last) = storage.history(child.pk)
+    *_, (_, last) = storage.states_along(child.pk)
     assert last == storage.state_at(child.pk)
 
 
@@ -56,7 +56,7 @@ def test_history_refuses_a_row_altered_outside_quicksave(agent: Agent) -> None:
     _, written = grown(agent, 5)
     Checkpoint.objects.filter(pk=written[2].pk).update(label="tampered")
     with pytest.raises(storage.IntegrityFailure):
-        list(storage.history(written[-1].pk))
+        list(storage.states_along(written[-1].pk))
 
 
 @committing

@@ -25,9 +25,11 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
   no HTTP route that starts an in-process agent), keeping two per reviewer waiting, one more for each
   decision. Two reviewers deciding the same approval is the service working (one gets 409
   ``already_decided``): counted apart, not as an error.
-  **Decision to resume**: from the moment the decision's 200 is back (its transaction committed)
-  until the ``created_at`` of the thread's next checkpoint, which the worker that resumed it stamped
-  just before writing it (this machine's wall clock, as ``bench/approvals.py`` measures it). A
+  **Decision to resume**: until the ``created_at`` of the thread's next checkpoint, which the worker
+  that resumed it stamped just before writing it, from the approval's ``decided_at``, stamped by the
+  server inside the decision's transaction (an upper bound: it counts the rest of that transaction);
+  and, as a lower bound, from the moment the decision's 200 is back (the worker, woken by NOTIFY at
+  the commit, may write before the response has crossed loopback, so this one can be negative). A
   decision whose thread is not resumed within a grace time after the phase is an error.
 - **Sockets** (``--sockets``): socket j watches agent j's thread (modulo the agents) from
   ``after_seq=0`` on a server other than the one that agent writes through, so its events cross
@@ -51,6 +53,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import random
@@ -137,12 +140,15 @@ class Process:
         return self.log.read_text(errors="replace")[-4000:] if self.log.exists() else ""
 
 
-def stop(process: Process) -> None:
-    """SIGTERM, as an operator stops it; SIGKILL when it has not gone within STOP_SECONDS."""
-    if process.popen.poll() is None:
-        process.popen.send_signal(signal.SIGTERM)
+def stop(processes: list[Process]) -> None:
+    """SIGTERM to all, as an operator stops them; SIGKILL to those not gone within STOP_SECONDS."""
+    for process in processes:
+        if process.popen.poll() is None:
+            process.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_SECONDS
+    for process in processes:
         try:
-            process.popen.wait(timeout=STOP_SECONDS)
+            process.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.popen.kill()
             process.popen.wait(timeout=STOP_SECONDS)
@@ -158,7 +164,7 @@ def wait_for(what: str, ready: Callable[[], bool], process: Process, timeout: fl
         time.sleep(0.2)
 
 
-def start_server(port: int, env: dict[str, str], directory: Path) -> Process:
+def spawn_server(port: int, env: dict[str, str], directory: Path) -> Process:
     log = directory / f"server-{port}.log"
     with log.open("wb") as handle:
         popen = subprocess.Popen(
@@ -166,43 +172,42 @@ def start_server(port: int, env: dict[str, str], directory: Path) -> Process:
              str(port), "--log-level", "warning", "--no-access-log"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=handle,
         )  # fmt: skip
-    process = Process(f"server :{port}", popen, log)
-
-    def healthy() -> bool:
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    wait_for("answer on /healthz", healthy, process)
-    return process
+    return Process(f"server :{port}", popen, log)
 
 
-def start_worker(n: int, env: dict[str, str], directory: Path) -> Process:
+def spawn_worker(n: int, env: dict[str, str], directory: Path) -> Process:
     log = directory / f"worker-{n}.log"
     with log.open("wb") as handle:
         popen = subprocess.Popen(
             [sys.executable, "manage.py", "run_agents", "--agent", TRAVEL, "--name", f"load-worker-{n}"],
             cwd=ROOT, env=env, stdout=handle, stderr=subprocess.STDOUT,
         )  # fmt: skip
-    process = Process(f"worker {n}", popen, log)
-    wait_for("'serving' line", lambda: "serving" in process.log.read_text(errors="replace"), process)
-    return process
+    return Process(f"worker {n}", popen, log)
+
+
+def ready(process: Process) -> bool:
+    """A server answers /healthz with 200; a worker has said it is serving."""
+    if process.role.startswith("worker"):
+        return "serving" in process.log.read_text(errors="replace")
+    try:
+        return httpx.get(f"http://127.0.0.1:{process.role.split(':')[1]}/healthz", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 @contextlib.contextmanager
 def topology(servers: int, workers: int, env: dict[str, str], directory: Path) -> Iterator[list[Process]]:
-    """`servers` uvicorn processes and `workers` workers, stopped however the block ends."""
+    """`servers` uvicorn processes and `workers` workers, all started at once, stopped however the
+    block ends."""
     started: list[Process] = []
     try:
-        for _ in range(servers):
-            started.append(start_server(free_port(), env, directory))
-        for n in range(1, workers + 1):
-            started.append(start_worker(n, env, directory))
+        started += [spawn_server(free_port(), env, directory) for _ in range(servers)]
+        started += [spawn_worker(n, env, directory) for n in range(1, workers + 1)]
+        for process in started:
+            wait_for("readiness (/healthz, or 'serving')", functools.partial(ready, process), process)
         yield started
     finally:
-        for process in started:
-            stop(process)
+        stop(started)
 
 
 def ports_of(processes: list[Process]) -> list[int]:
@@ -260,22 +265,22 @@ def final_seqs(thread_ids: list[str]) -> dict[str, int]:
     return {str(pk): seq for pk, seq in Thread.objects.filter(pk__in=thread_ids).values_list("pk", "event_seq")}
 
 
-def resumed_at(decisions: dict[str, float]) -> dict[str, float]:
-    """For each decided approval: the wall-clock time its thread's next checkpoint was stamped (those
-    resumed so far)."""
+def resumed(approval_ids: list[str]) -> dict[str, tuple[float, float]]:
+    """For each decided approval whose thread was resumed: its `decided_at` and the `created_at` of
+    the thread's next checkpoint (wall-clock seconds)."""
     from approvals.models import ApprovalRequest
     from checkpoints.models import Checkpoint
 
-    found: dict[str, float] = {}
-    for approval in ApprovalRequest.objects.filter(pk__in=list(decisions)).select_related("checkpoint"):
+    found: dict[str, tuple[float, float]] = {}
+    for approval in ApprovalRequest.objects.filter(pk__in=approval_ids).select_related("checkpoint"):
         after = approval.checkpoint
         created = (
             Checkpoint.objects.filter(thread_id=after.thread_id, branch_id=after.branch_id, seq=after.seq + 1)
             .values_list("created_at", flat=True)
             .first()
         )
-        if created is not None:
-            found[str(approval.pk)] = created.timestamp()
+        if created is not None and approval.decided_at is not None:
+            found[str(approval.pk)] = (approval.decided_at.timestamp(), created.timestamp())
     return found
 
 
@@ -299,6 +304,7 @@ class Phase:
     errors: Counter[str] = field(default_factory=Counter)
     decisions: dict[str, float] = field(default_factory=dict)
     resume_ms: list[float] = field(default_factory=list)
+    resume_from_response_ms: list[float] = field(default_factory=list)
     conflicts: int = 0
     trips: int = 0
     ws_messages: int = 0
@@ -588,25 +594,29 @@ async def run_phase(phase: Phase, *, db: Database, processes: list[Process], key
     for task in watching:
         task.cancel()
     await asyncio.gather(*watching, return_exceptions=True)
-    resumed: dict[str, float] = {}
+    found: dict[str, tuple[float, float]] = {}
     while time.monotonic() < deadline:
-        resumed = await db.call(resumed_at, phase.decisions)
-        if len(resumed) == len(phase.decisions):
+        found = await db.call(resumed, list(phase.decisions))
+        if len(found) == len(phase.decisions):
             break
         await asyncio.sleep(0.5)
-    phase.resume_ms = [(resumed[a] - decided) * 1000 for a, decided in phase.decisions.items() if a in resumed]
-    if len(resumed) < len(phase.decisions):
-        phase.errors["decision not resumed"] += len(phase.decisions) - len(resumed)
+    phase.resume_ms = [(next_at - decided_at) * 1000 for decided_at, next_at in found.values()]
+    phase.resume_from_response_ms = [(found[a][1] - answered) * 1000 for a, answered in phase.decisions.items()
+                                     if a in found]  # fmt: skip
+    if len(found) < len(phase.decisions):
+        phase.errors["decision not resumed"] += len(phase.decisions) - len(found)
     await asyncio.gather(*(a.close() for a in agents), *(r.close() for r in reviewers))
 
 
 def report(phase: Phase) -> None:
     p50, p99 = percentile(phase.write_ms, 0.5), percentile(phase.write_ms, 0.99)
     r50, r95 = percentile(phase.resume_ms, 0.5), percentile(phase.resume_ms, 0.95)
+    a50, a95 = percentile(phase.resume_from_response_ms, 0.5), percentile(phase.resume_from_response_ms, 0.95)
     print(f"    {phase.writes} checkpoints in {phase.write_span:.1f} s: {phase.cps:.1f}/s; write p50 "
           f"{fmt(p50)} ms, p99 {fmt(p99)} ms", flush=True)  # fmt: skip
     print(f"    {len(phase.decisions)} decisions ({phase.conflicts} lost to another reviewer, {phase.trips} trips "
-          f"started): decision to resume p50 {fmt(r50)} ms, p95 {fmt(r95)} ms", flush=True)  # fmt: skip
+          f"started): decision to resume from decided_at p50 {fmt(r50)} ms, p95 {fmt(r95)} ms; from the "
+          f"decision's response p50 {fmt(a50)} ms, p95 {fmt(a95)} ms", flush=True)  # fmt: skip
     print(f"    sockets: {phase.ws_messages} events, {phase.ws_gaps} missing in a gap, {phase.ws_disorder} repeated or "
           f"out of order, {phase.ws_missing} not arrived", flush=True)  # fmt: skip
     errors = ", ".join(f"{what}: {n}" for what, n in sorted(phase.errors.items())) or "none"
@@ -679,6 +689,7 @@ def summary(args: argparse.Namespace, phases: list[Phase], load: tuple[float, fl
         "errors": p.error_count, "ws_lost": p.ws_lost, "ws_events": p.ws_messages, "decisions": len(p.decisions),
         "conflicts": p.conflicts, "resume_p50_ms": rounded(percentile(p.resume_ms, 0.5)),
         "resume_p95_ms": rounded(percentile(p.resume_ms, 0.95)),
+        "resume_from_response_p95_ms": rounded(percentile(p.resume_from_response_ms, 0.95)),
         "rss_mib": {role: [round(kib / 1024, 1) for kib in samples] for role, samples in p.rss.items()},
     } for p in phases]  # fmt: skip
     return out

@@ -59,7 +59,6 @@ import os
 import random
 import secrets
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -355,8 +354,8 @@ class Agent:
         thread = await self.http.post("/api/v1/threads/", json={"external_id": f"load-{tag}-{self.number}"})
         thread.raise_for_status()
         self.thread_id = thread.json()["id"]
-        first = await self.http.post(f"/api/v1/threads/{self.thread_id}/checkpoints/",
-                                     json={"parent": None, "state": {"messages": []}, "step": 0, "label": "start"})  # fmt: skip
+        body: dict[str, Any] = {"parent": None, "state": {"messages": []}, "step": 0, "label": "start"}
+        first = await self.http.post(f"/api/v1/threads/{self.thread_id}/checkpoints/", json=body)
         first.raise_for_status()
         self.head = first.json()["id"]
 
@@ -557,7 +556,7 @@ async def run_phase(phase: Phase, *, db: Database, processes: list[Process], key
             phase.trips += 1
             try:
                 await db.call(start_trip, f"load-{tag}-trip-{phase.trips}")
-            except Exception as error:  # noqa: BLE001 — counted, and the load goes on
+            except Exception as error:  # counted, and the load goes on
                 phase.errors[f"trip start {type(error).__name__}"] += 1
 
     async def sample_rss(after: float) -> None:
@@ -638,7 +637,10 @@ async def bench(args: argparse.Namespace, env: dict[str, str], db: Database, key
                 people: list[tuple[str, str]], directory: Path) -> list[Phase]:  # fmt: skip
     phases: list[Phase] = []
     sessions: list[dict[str, str]] = []
-    settings = [(f"{n} process{'es' if n > 1 else ''}", n, args.minutes * 60, None) for n in args.processes]
+    # (name, server processes, seconds, when to sample resident memory before the end)
+    settings: list[tuple[str, int, float, float | None]] = [
+        (f"{n} process{'es' if n > 1 else ''}", n, args.minutes * 60, None) for n in args.processes
+    ]
     if args.soak_minutes > 0:
         soak = args.soak_minutes * 60
         settings.append(("soak", SOAK_PROCESSES, soak, 60.0 if soak >= 120 else soak / 2))

@@ -35,7 +35,7 @@ def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> N
     assert result.returncode == 0, result.stdout + result.stderr
     figures = json.loads(result.stdout.strip().splitlines()[-1])
 
-    assert KEYS <= figures.keys()
+    assert figures.keys() >= KEYS
     assert figures["load_errors"] == 0, result.stdout
     assert figures["ws_lost"] == 0, result.stdout
     assert figures["load_cps_1"] > 0

@@ -163,8 +163,10 @@ def doc_changes() -> dict[tuple[str, tuple[str, ...]], str | None]:
     """docs/scaling.md's changes: keys that lead with the thread, foreign keys that name it."""
     changes: dict[tuple[str, tuple[str, ...]], str | None] = {
         ("p", ("id",)): "PRIMARY KEY (thread_id, id)",
-        ("f", ("parent_id",)): f"FOREIGN KEY (thread_id, parent_id) REFERENCES {CHECKPOINTS} (thread_id, id) {DEFERRED}",
-    }  # fmt: skip
+        ("f", ("parent_id",)): (
+            f"FOREIGN KEY (thread_id, parent_id) REFERENCES {CHECKPOINTS} (thread_id, id) {DEFERRED}"
+        ),
+    }
     for table, column in INCOMING:
         changes[("f", (table, column))] = (
             f"FOREIGN KEY (thread_id, {column}) REFERENCES {CHECKPOINTS} (thread_id, id) {DEFERRED}"
@@ -211,7 +213,10 @@ def test_as_migrated_only_the_keys_scaling_md_names_keep_checkpoints_and_events_
 def test_with_the_composite_keys_scaling_md_names_the_store_works_on_tables_partitioned_by_thread(cursor: Any) -> None:
     refused = partition_by_thread(CHECKPOINTS, doc_changes()) | partition_by_thread(EVENTS, EVENT_CHANGES)
     assert refused == {}
-    cursor.execute("SELECT relname FROM pg_class WHERE relispartition AND relkind = 'r' AND relname LIKE 'checkpoints_%%' ORDER BY 1")
+    cursor.execute(
+        "SELECT relname FROM pg_class WHERE relispartition AND relkind = 'r' AND relname LIKE 'checkpoints_%%' "
+        "ORDER BY 1"
+    )
     assert [row[0] for row in cursor.fetchall()] == sorted(
         [f"{CHECKPOINTS}_p{n}" for n in range(PARTITIONS)] + [f"{EVENTS}_p{n}" for n in range(PARTITIONS)]
     )

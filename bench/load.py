@@ -26,8 +26,8 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
   decision. Two reviewers deciding the same approval is the service working (one gets 409
   ``already_decided``): counted apart, not as an error.
   **Decision to resume**: until the ``created_at`` of the thread's next checkpoint, which the worker
-  that resumed it stamped just before writing it, from the approval's ``decided_at``, stamped by the
-  server inside the decision's transaction (an upper bound: it counts the rest of that transaction);
+  that resumed it stamped just before writing it, from the approval's ``decided_at``, which the
+  server stamps as it starts deciding (an upper bound: it counts the decision's whole transaction);
   and, as a lower bound, from the moment the decision's 200 is back (the worker, woken by NOTIFY at
   the commit, may write before the response has crossed loopback, so this one can be negative). A
   decision whose thread is not resumed within a grace time after the phase is an error.

@@ -1,4 +1,4 @@
-"""bench/load.py runs end to end at a tiny size (one server, two workers, a few seconds) against the
+"""bench/load.py runs end to end at a tiny size (one server, one worker, ten seconds of load) against the
 test database and a Redis of its own, so the benchmark cannot rot: its last line has every figure,
 nothing failed and no socket lost an event."""
 
@@ -25,7 +25,7 @@ def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> N
     try:
         result = subprocess.run(
             [sys.executable, "bench/load.py", "--agents", "2", "--reviewers", "1", "--sockets", "2",
-             "--minutes", "0.17", "--processes", "1", "--soak-minutes", "0", "--think", "0.2",
+             "--minutes", "0.17", "--processes", "1", "--workers", "1", "--soak-minutes", "0", "--think", "0.2",
              "--review-think", "0.3", "--database-url", database_url()],
             cwd=ROOT, env={**server_environment(), "REDIS_URL": redis_server.url}, capture_output=True, text=True,
             timeout=240,

@@ -92,6 +92,8 @@ GRACE_SECONDS = 30.0
 STOP_SECONDS = 20.0
 CONNECT_BATCH = 50
 SOAK_PROCESSES = 2
+# Bounds on the counts (the durations are bounded in main): a bench, not a load generator for hire.
+MAX_AGENTS, MAX_REVIEWERS, MAX_SOCKETS = 2000, 200, 5000
 RSS_GROWTH_TARGET = 0.10
 
 T = TypeVar("T")
@@ -485,9 +487,14 @@ class Watcher:
             self.caught_up.set()
 
     def expect(self, target: int) -> None:
+        """The thread's last event is `target`: caught up once it has arrived."""
         self.target = target
         if self.last_seq >= target:
             self.caught_up.set()
+
+    def missing(self) -> int:
+        """Events up to the expected last one that have not arrived (0 before `expect`)."""
+        return max(0, self.target - self.last_seq) if self.target is not None else 0
 
     async def run(self) -> None:
         """Watch until cancelled; a socket the server closes reconnects from its last seq."""
@@ -589,7 +596,7 @@ async def run_phase(phase: Phase, *, db: Database, processes: list[Process], key
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(GRACE_SECONDS):
             await asyncio.gather(*(w.caught_up.wait() for w in watchers))
-    phase.ws_missing = sum(max(0, finals[w.thread_id] - w.last_seq) for w in watchers)
+    phase.ws_missing = sum(w.missing() for w in watchers)
     for task in watching:
         task.cancel()
     await asyncio.gather(*watching, return_exceptions=True)
@@ -730,6 +737,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.reviewers < 0 or args.sockets < 0 or args.think < 0 or args.review_think < 0:
         parser.error("--reviewers, --sockets, --think and --review-think cannot be negative")
+    if args.agents > MAX_AGENTS or args.reviewers > MAX_REVIEWERS or args.sockets > MAX_SOCKETS or args.workers > 16:
+        parser.error(f"at most {MAX_AGENTS} agents, {MAX_REVIEWERS} reviewers, {MAX_SOCKETS} sockets and 16 workers")
     if not 0 < args.minutes <= 60 or not 0 <= args.soak_minutes <= 240:
         parser.error("--minutes is above 0 and at most 60; --soak-minutes 0 to 240")
     redis_url = os.environ.get("REDIS_URL")

@@ -11,14 +11,15 @@ import sys
 import pytest
 
 from approvals.models import ApprovalRequest, ApprovalStatus
+from bench import load
 from checkpoints.models import Checkpoint
 from tests.processes import ROOT, RedisServer, database_url, server_environment
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(300)]
 
 KEYS = {"load_cps_1", "load_cps_2", "load_cps_4", "load_p99_ms_2", "load_errors", "ws_lost", "soak_rss_growth"}
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
 def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> None:
     redis_server = RedisServer()
     redis_server.start()
@@ -45,3 +46,25 @@ def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> N
     decided = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
     assert decided.exists(), result.stdout
     assert figures["decision_to_resume_p95_ms"] is not None
+
+
+def watched(seqs: list[int], *, last: int) -> load.Watcher:
+    phase = load.Phase("test", [0], 1.0)
+    watcher = load.Watcher(0, "thread", "key", phase)
+    for seq in seqs:
+        watcher._note({"type": "checkpoint.created", "seq": seq})
+    watcher.expect(last)
+    return watcher
+
+
+def test_a_socket_that_gets_every_event_in_order_has_lost_nothing() -> None:
+    watcher = watched([1, 2, 3, 4], last=4)
+
+    assert watcher.phase.ws_lost == 0 and watcher.missing() == 0 and watcher.caught_up.is_set()
+
+
+def test_gaps_repeats_steps_back_and_events_that_never_came_count_as_lost() -> None:
+    watcher = watched([1, 3, 3, 2, 4], last=6)  # 2 missing in a gap, 3 repeated, 2 back, 5 and 6 never came
+
+    assert (watcher.phase.ws_gaps, watcher.phase.ws_disorder, watcher.missing()) == (1, 2, 2)
+    assert not watcher.caught_up.is_set()

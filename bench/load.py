@@ -32,8 +32,8 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
   the commit, may write before the response has crossed loopback, so this one can be negative). A
   decision whose thread is not resumed within a grace time after the phase is an error.
 - **Sockets** (``--sockets``): socket j watches agent j's thread (modulo the agents) from
-  ``after_seq=0`` on a server other than the one that agent writes through, so its events cross
-  processes. Every message's ``seq`` must be the previous one plus one: a gap, a repeat or a step
+  ``after_seq=0`` on a server other than the one that agent writes through (with several), so its
+  events cross processes. Every message's ``seq`` must be the previous one plus one: a gap, a repeat or a step
   back counts in ``ws_lost``, and so does every event of the thread that has not arrived a grace
   time after the writes stopped. A socket closed by the server is an error (it reconnects from its
   last seq, as the dashboard does).

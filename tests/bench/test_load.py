@@ -1,0 +1,70 @@
+"""bench/load.py runs end to end at a tiny size (one server, one worker, ten seconds of load) against the
+test database and a Redis of its own, so the benchmark cannot rot: its last line has every figure,
+nothing failed and no socket lost an event."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from approvals.models import ApprovalRequest, ApprovalStatus
+from bench import load
+from checkpoints.models import Checkpoint
+from tests.processes import ROOT, RedisServer, database_url, server_environment
+
+KEYS = {"load_cps_1", "load_cps_2", "load_cps_4", "load_p99_ms_2", "load_errors", "ws_lost", "soak_rss_growth"}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(300)
+def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> None:
+    redis_server = RedisServer()
+    redis_server.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "bench/load.py", "--agents", "2", "--reviewers", "1", "--sockets", "2",
+             "--minutes", "0.17", "--processes", "1", "--workers", "1", "--soak-minutes", "0", "--think", "0.2",
+             "--review-think", "0.3", "--database-url", database_url()],
+            cwd=ROOT, env={**server_environment(), "REDIS_URL": redis_server.url}, capture_output=True, text=True,
+            timeout=240,
+        )  # fmt: skip
+    finally:
+        redis_server.kill()
+    assert result.returncode == 0, result.stdout + result.stderr
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+
+    assert figures.keys() >= KEYS
+    assert figures["load_errors"] == 0, result.stdout
+    assert figures["ws_lost"] == 0, result.stdout
+    assert figures["load_cps_1"] > 0
+    assert figures["load_cps_2"] is None and figures["soak_rss_growth"] is None  # not run at this size
+    # The agents wrote over HTTP, the reviewer decided, and a worker resumed what was decided.
+    assert Checkpoint.objects.filter(thread__agent__name__startswith="load-").count() > 2
+    decided = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
+    assert decided.exists(), result.stdout
+    assert figures["decision_to_resume_p95_ms"] is not None
+
+
+def watched(seqs: list[int], *, last: int) -> load.Watcher:
+    phase = load.Phase("test", [0], 1.0)
+    watcher = load.Watcher(0, "thread", "key", phase)
+    for seq in seqs:
+        watcher._note({"type": "checkpoint.created", "seq": seq})
+    watcher.expect(last)
+    return watcher
+
+
+def test_a_socket_that_gets_every_event_in_order_has_lost_nothing() -> None:
+    watcher = watched([1, 2, 3, 4], last=4)
+
+    assert watcher.phase.ws_lost == 0 and watcher.missing() == 0 and watcher.caught_up.is_set()
+
+
+def test_gaps_repeats_steps_back_and_events_that_never_came_count_as_lost() -> None:
+    watcher = watched([1, 3, 3, 2, 4], last=6)  # 2 missing in a gap, 3 repeated, 2 back, 5 and 6 never came
+
+    assert (watcher.phase.ws_gaps, watcher.phase.ws_disorder, watcher.missing()) == (1, 2, 2)
+    assert not watcher.caught_up.is_set()

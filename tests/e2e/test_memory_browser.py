@@ -42,7 +42,8 @@ def test_an_admin_edits_a_remembered_preference_and_goes_back_to_the_first_versi
     current = selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
     assert current is not None and (current.version, current.value) == (4, {"seat": "aisle", "meal": "any"})
     assert "Version 1 is back, as version 4" in tab.page.inner_text("main")
-    assert list(AuditEntry.objects.filter(action__startswith="memory.").order_by("created_at").values_list("action", flat=True)) == [
+    audited = AuditEntry.objects.filter(action__startswith="memory.").order_by("created_at")
+    assert list(audited.values_list("action", flat=True)) == [
         "memory.item_edited", "memory.item_rolled_back",
     ]  # fmt: skip
     tab.shot("rolled back")

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('checkpoints', '0012_thread_started_by'),
+        ('checkpoints', '0013_event_story'),
     ]
 
     operations = [

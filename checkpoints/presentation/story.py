@@ -199,11 +199,15 @@ def _change(event: StoryEvent) -> dict[str, str]:
     return {"title": event.type, "tone": "running"}
 
 
-def event_rows(events: list[StoryEvent], *, comments: dict[str, str] | None = None) -> list[dict[str, Any]]:
+def event_rows(
+    events: list[StoryEvent], *, comments: dict[str, str] | None = None, can_fork: bool = False
+) -> list[dict[str, Any]]:
     """What each event's timeline row shows, as plain text: a title, who (a person, a worker, a
-    rule), why (a decision's comment, a fork's reason, a run's error), and where it leads."""
+    rule), why (a decision's comment, a fork's reason, a run's error), where it leads, and (for
+    those who may fork) a rewind from the checkpoint it happened at, when it names one."""
     comments = comments or {}
     approval_url, checkpoint_url = url_maker("inbox:approval"), url_maker("dashboard:checkpoint")
+    fork_url = url_maker("dashboard:fork")
     zone = timezone.get_current_timezone()
     rows = []
     for event in events:
@@ -219,11 +223,14 @@ def event_rows(events: list[StoryEvent], *, comments: dict[str, str] | None = No
             link = _safe_url(approval_url, event.data["approval"])
         elif isinstance(event.data.get("checkpoint"), str):
             link = _safe_url(checkpoint_url, event.data["checkpoint"])
+        rewind = ""
+        if can_fork and isinstance(event.data.get("checkpoint"), str):
+            rewind = _safe_url(fork_url, event.data["checkpoint"])
         created = event.created_at.astimezone(zone)
         rows.append({
             "event": event.seq, "type": event.type, "group": group, "noun": noun, "title": told["title"],
             "tone": told.get("tone", "running"), "who": told.get("who", ""), "why": told.get("why", ""),
-            "detail": told.get("detail", ""), "url": link, "at": created,
+            "detail": told.get("detail", ""), "url": link, "rewind_url": rewind, "at": created,
             "created_iso": created.isoformat(), "created_exact": created.strftime("%Y-%m-%d %H:%M:%S.%f %Z"),
             "created": created.strftime("%Y-%m-%d %H:%M:%S"),
         })  # fmt: skip
@@ -297,5 +304,5 @@ def story_page(
                                           until=page.newer_created_at)  # fmt: skip
     marks, comments = timeline.approval_facts(page, approval_ids=approval_ids(events))
     checkpoint_rows = timeline.timeline_rows(page, head_id=thread.head_id, approvals=marks, can_fork=can_fork)
-    rows = merge(checkpoint_rows, page, event_rows(events, comments=comments))
+    rows = merge(checkpoint_rows, page, event_rows(events, comments=comments, can_fork=can_fork))
     return StoryPage(rows=rows, checkpoints=page, events=events_page, more_events=more)

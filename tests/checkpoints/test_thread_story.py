@@ -223,10 +223,16 @@ def test_the_story_index_is_partial_and_the_query_uses_it(viewer_page: Client, t
 
 def test_every_row_rewinds_from_its_own_checkpoint_for_an_admin(admin_client: Client, thread: Thread) -> None:
     written = grow(thread, 3)
+    request_approval(thread=thread, checkpoint=written[1], action="book_flight", args={})
     html = admin_client.get(url(thread)).content.decode()
     for checkpoint in written:
         row = re.search(rf'<tr data-seq="{checkpoint.seq}".*?</tr>', html, re.S).group(0)  # type: ignore[union-attr]
         assert f'<a class="rewind-link" href="/checkpoints/{checkpoint.pk}/fork/"' in row
+    # An event rewinds from the checkpoint it happened at; one that names none offers nothing.
+    asked = re.search(r'data-type="approval.requested".*?</tr>', html, re.S).group(0)  # type: ignore[union-attr]
+    assert f'<a class="rewind-link" href="/checkpoints/{written[1].pk}/fork/"' in asked
+    started = re.search(r'data-type="thread.created".*?</tr>', html, re.S).group(0)  # type: ignore[union-attr]
+    assert "rewind-link" not in started
     # The link leads to the fork form of that checkpoint.
     form = admin_client.get(f"/checkpoints/{written[1].pk}/fork/")
     assert form.status_code == 200 and 'Rewind &amp; branch from <span class="seq">#2</span>' in form.content.decode()
@@ -235,11 +241,14 @@ def test_every_row_rewinds_from_its_own_checkpoint_for_an_admin(admin_client: Cl
 @pytest.mark.parametrize("role", ["viewer", "reviewer"])
 def test_no_rewind_is_offered_to_those_who_may_not_fork(thread: Thread, role: str) -> None:
     (first,) = grow(thread, 1)
-    storage.append_checkpoint(thread=thread, parent=first, state={"n": 1}, status="failed", metadata={"error": "x"})
+    request_approval(thread=thread, checkpoint=first, action="book_flight", args={})
     client = Client()
     client.force_login(person("pat", role))
     html = client.get(url(thread)).content.decode()
-    assert 'id="attention"' in html
+    assert 'id="attention"' in html and 'data-type="approval.requested"' in html
+    assert "rewind-link" not in html and "/fork/" not in html
+    storage.append_checkpoint(thread=thread, parent=first, state={"n": 1}, status="failed", metadata={"error": "x"})
+    html = client.get(url(thread)).content.decode()
     assert "rewind-link" not in html and "/fork/" not in html
 
 

@@ -38,6 +38,8 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
   back counts in ``ws_lost``, and so does every event of the thread that has not arrived a grace
   time after the writes stopped. A socket closed by the server is an error (it reconnects from its
   last seq, as the dashboard does).
+- **Errors** also count every exception a server or worker logged (a traceback in its log), even
+  one no client saw.
 - **Resident memory** (``VmRSS``) of every server and worker process: at minute 1 of the soak (at
   half the soak when it is shorter than 2 minutes) and at its end; ``soak_rss_growth`` is the
   largest growth among them.
@@ -667,6 +669,13 @@ async def bench(args: argparse.Namespace, env: dict[str, str], db: Database, key
             phase = Phase(name, ports, seconds)
             await run_phase(phase, db=db, processes=processes, keys=keys, sessions=sessions, sockets=args.sockets,
                             agent_think=args.think, review_think=args.review_think, rss_at=rss_at)  # fmt: skip
+        # An exception a process logged (in a request, the publisher, a run) is an error, even when no
+        # client saw it; its log is printed for whoever looks into it.
+        for process in processes:
+            logged = process.log.read_text(errors="replace")
+            if count := logged.count("Traceback (most recent call last)"):
+                phase.errors[f"{process.role.split(' ')[0]} logged an exception"] += count
+                print(f"--- {process.role} log\n{logged[-6000:]}", file=sys.stderr, flush=True)
         report(phase)
         phases.append(phase)
     return phases

@@ -17,7 +17,8 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
 - **Agents** (``--agents``): each its own agent with its own key (``load-NNN``), one thread each,
   writing a checkpoint (a patch that adds a message and keeps the last 20) after a think time of
   ``--think`` seconds on average (uniform from half to one and a half times). A write's latency is
-  its request's round trip. A write the server refuses, or a request that fails, is an error.
+  its request's round trip; checkpoints a second count these writes (the workers' checkpoints of
+  the travel threads come on top). A write the server refuses, or a request that fails, is an error.
 - **Reviewers** (``--reviewers``): each a person with the reviewer role, signed in once through the
   sign-in page (a session), deciding pending approvals through ``/api/v1/approvals/`` every
   ``--review-think`` seconds on average. The approvals come from the demo travel agent, which the
@@ -37,6 +38,8 @@ spread over them round-robin, sharing the channel layer in Redis; and W ``manage
   back counts in ``ws_lost``, and so does every event of the thread that has not arrived a grace
   time after the writes stopped. A socket closed by the server is an error (it reconnects from its
   last seq, as the dashboard does).
+- **Errors** also count every exception a server or worker logged (a traceback in its log), even
+  one no client saw.
 - **Resident memory** (``VmRSS``) of every server and worker process: at minute 1 of the soak (at
   half the soak when it is shorter than 2 minutes) and at its end; ``soak_rss_growth`` is the
   largest growth among them.
@@ -642,6 +645,10 @@ def rss_growth(phase: Phase) -> float | None:
 
 async def bench(args: argparse.Namespace, env: dict[str, str], db: Database, keys: list[str],
                 people: list[tuple[str, str]], directory: Path) -> list[Phase]:  # fmt: skip
+    # Told to stop (SIGTERM), the bench stops what it started before it goes.
+    running = asyncio.current_task()
+    assert running is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, running.cancel)
     phases: list[Phase] = []
     sessions: list[dict[str, str]] = []
     # (name, server processes, seconds, when to sample resident memory before the end)
@@ -662,6 +669,13 @@ async def bench(args: argparse.Namespace, env: dict[str, str], db: Database, key
             phase = Phase(name, ports, seconds)
             await run_phase(phase, db=db, processes=processes, keys=keys, sessions=sessions, sockets=args.sockets,
                             agent_think=args.think, review_think=args.review_think, rss_at=rss_at)  # fmt: skip
+        # An exception a process logged (in a request, the publisher, a run) is an error, even when no
+        # client saw it; its log is printed for whoever looks into it.
+        for process in processes:
+            logged = process.log.read_text(errors="replace")
+            if count := logged.count("Traceback (most recent call last)"):
+                phase.errors[f"{process.role.split(' ')[0]} logged an exception"] += count
+                print(f"--- {process.role} log\n{logged[-6000:]}", file=sys.stderr, flush=True)
         report(phase)
         phases.append(phase)
     return phases
@@ -759,6 +773,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="quicksave-load-") as scratch:
         try:
             phases = asyncio.run(bench(args, env, db, keys, people, Path(scratch)))
+        except asyncio.CancelledError:
+            print("bench/load.py was told to stop (SIGTERM); the processes it started are stopped", file=sys.stderr)
+            return 128 + signal.SIGTERM
         finally:
             db.close()
     load_after = os.getloadavg()

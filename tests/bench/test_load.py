@@ -5,6 +5,8 @@ nothing failed and no socket lost an event."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -23,28 +25,38 @@ KEYS = {"load_cps_1", "load_cps_2", "load_cps_4", "load_p99_ms_2", "load_errors"
 def test_the_load_bench_runs_at_a_tiny_size_without_errors_or_lost_events() -> None:
     redis_server = RedisServer()
     redis_server.start()
+    # A session of its own, so that a bench that overruns is stopped with every process it started.
+    bench = subprocess.Popen(
+        [sys.executable, "bench/load.py", "--agents", "2", "--reviewers", "1", "--sockets", "2",
+         "--minutes", "0.17", "--processes", "1", "--workers", "1", "--soak-minutes", "0", "--think", "0.2",
+         "--review-think", "0.3", "--database-url", database_url()],
+        cwd=ROOT, env={**server_environment(), "REDIS_URL": redis_server.url}, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True, start_new_session=True,
+    )  # fmt: skip
     try:
-        result = subprocess.run(
-            [sys.executable, "bench/load.py", "--agents", "2", "--reviewers", "1", "--sockets", "2",
-             "--minutes", "0.17", "--processes", "1", "--workers", "1", "--soak-minutes", "0", "--think", "0.2",
-             "--review-think", "0.3", "--database-url", database_url()],
-            cwd=ROOT, env={**server_environment(), "REDIS_URL": redis_server.url}, capture_output=True, text=True,
-            timeout=240,
-        )  # fmt: skip
+        output, errors = bench.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        bench.terminate()  # the bench stops its servers and workers on SIGTERM
+        try:
+            output, errors = bench.communicate(timeout=40)
+        except subprocess.TimeoutExpired:
+            os.killpg(bench.pid, signal.SIGKILL)
+            output, errors = bench.communicate()
+        pytest.fail(f"bench/load.py overran:\n{output}\n{errors}")
     finally:
         redis_server.kill()
-    assert result.returncode == 0, result.stdout + result.stderr
-    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert bench.returncode == 0, output + errors
+    figures = json.loads(output.strip().splitlines()[-1])
 
     assert figures.keys() >= KEYS
-    assert figures["load_errors"] == 0, result.stdout
-    assert figures["ws_lost"] == 0, result.stdout
+    assert figures["load_errors"] == 0, output
+    assert figures["ws_lost"] == 0, output
     assert figures["load_cps_1"] > 0
     assert figures["load_cps_2"] is None and figures["soak_rss_growth"] is None  # not run at this size
     # The agents wrote over HTTP, the reviewer decided, and a worker resumed what was decided.
     assert Checkpoint.objects.filter(thread__agent__name__startswith="load-").count() > 2
     decided = ApprovalRequest.objects.filter(status=ApprovalStatus.APPROVED)
-    assert decided.exists(), result.stdout
+    assert decided.exists(), output
     assert figures["decision_to_resume_p95_ms"] is not None
 
 

@@ -86,6 +86,11 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
             )  # fmt: skip
         except DomainError as exc:
             return _fork_form(request, checkpoint, _with_error(form, exc), editor, status=exc.status)
+        if form.cleaned_data["resume"]:
+            # The agent goes on from the new checkpoint: watch it on the thread's timeline.
+            branch = storage.get_branch_name(created.branch_id)
+            messages.success(request, f"Branch {branch} goes on from #{checkpoint.seq}; the agent resumes there.")
+            return redirect("dashboard:thread", thread_id=created.thread_id)
         return redirect("dashboard:checkpoint", checkpoint_id=created.pk)
 
     # Review: turn the edited state into a patch, check everything, show what will happen.

@@ -57,6 +57,8 @@ def value_history(request: HttpRequest, thread_id: UUID) -> HttpResponse:
         "error": error,
         "failure": failure,
         "next_query": next_query,
+        # Each change offers to rewind from the checkpoint that made it, to those who may fork.
+        "can_fork": request.user.has_perm("checkpoints.fork_thread"),
     }
     return render(request, "checkpoints/value_history.html", context, status=status)
 

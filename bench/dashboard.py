@@ -195,9 +195,10 @@ def build_history_thread() -> Any:
     return thread
 
 
-def value_history_figures(client: Any, repeats: int) -> dict[str, Any]:
+def value_history_figures(client: Any, repeats: int, *, reference_url: str) -> dict[str, Any]:
     """Median time of GET /api/v1/threads/{id}/history/ for a path changed 500 times and one changed
-    once, on the 10,000-checkpoint thread, and the one-off cost of indexing the thread."""
+    once, on the 10,000-checkpoint thread, taking turns with `reference_url` (the 10-checkpoint
+    thread page, whose ratio to them holds on a busy machine), and the one-off cost of indexing."""
     from django.db import connection
 
     from checkpoints.storage.history import value_history
@@ -213,19 +214,23 @@ def value_history_figures(client: Any, repeats: int) -> dict[str, Any]:
     if len(changes) != HISTORY_CHANGES or len(once) != 1:
         raise RuntimeError(f"the history thread has {len(changes)} and {len(once)} changes, not {HISTORY_CHANGES}, 1")
     base = f"/api/v1/threads/{thread.pk}/history/?path="
-    many_ms, once_ms = median_get_ms(client, [f"{base}/config/batch_size", f"{base}/config/model"], repeats)
+    urls = [f"{base}/config/batch_size", f"{base}/config/model", reference_url]
+    many_ms, once_ms, reference_ms = median_get_ms(client, urls, repeats)
     print()
     print(f"{'value history (API)':<26} {'data':<32} {'median ms':>10}  target")
     print("-" * 86)
     target = f"≤ {HISTORY_TARGET_MS:g} ms"
     print(f"{'path changed 500 times':<26} {'10,000 checkpoints, 3 branches':<32} {many_ms:>10.1f}  {target}")
     print(f"{'path changed once':<26} {'same thread':<32} {once_ms:>10.1f}  {target}")
+    print(f"{'thread page (reference)':<26} {'10 checkpoints, same rounds':<32} {reference_ms:>10.1f}  "
+          f"history 500 / it: {many_ms / reference_ms:.2f}")  # fmt: skip
     print(f"{'first read (indexes)':<26} {'same thread, once':<32} {first_read_ms:>10.1f}  (one-off)")
     print("(each request computes the whole history, all 500 changes, and returns its first page of 50)")
     return {
         "value_history_ms_500": round(many_ms, 2),
         "value_history_ms_1": round(once_ms, 2),
         "value_history_first_read_ms": round(first_read_ms, 1),
+        "value_history_500_over_thread_page_10": round(many_ms / reference_ms, 3),
     }
 
 
@@ -296,7 +301,7 @@ def run(*, repeats: int, long: int) -> dict[str, Any]:
     (diff_cold,) = median_get_ms(client, [diff_url], repeats, before_each=storage.clear_caches)
     (diff_warm,) = median_get_ms(client, [diff_url], repeats)
 
-    history = value_history_figures(client, repeats)
+    history = value_history_figures(client, repeats, reference_url=urls[0])
 
     ratio = long_ms / short_ms
     story_ratio = story_ms / short_ms

@@ -265,7 +265,7 @@ class ValueChangeSerializer(serializers.Serializer[Any]):
     """One change in a value's history (ValueHistoryView builds the body)."""
 
     checkpoint = serializers.UUIDField(help_text="The checkpoint whose change this is.")
-    parent = serializers.UUIDField(allow_null=True, help_text="Its parent: the diff's base.")
+    parent = serializers.UUIDField(allow_null=True, help_text="Its parent: the diff's base.")  # type: ignore[assignment]
     branch = serializers.CharField()
     seq = serializers.IntegerField()
     step = serializers.IntegerField(allow_null=True)

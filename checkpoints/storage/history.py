@@ -94,7 +94,7 @@ def value_history(
     thread_id = thread.pk if isinstance(thread, Thread) else thread
     tokens = pointer_tokens(path)
     branches = _index(thread_id)
-    follow = _Follower(_touching(thread_id, path, tokens), path, tokens, branches)
+    follow = _Follower(_touching(thread_id, path), path, tokens, branches)
     if limit is None and after is None:
         return _newest_first(follow.changes(keep=None))
     # Which changes make the page needs no object or array kept: a value's history of a growing list
@@ -353,9 +353,9 @@ WHERE c.thread_id = %(thread)s AND c.id IN (
 """
 
 
-def _touching(thread_id: UUID, path: str, tokens: list[str]) -> list[_Touching]:
+def _touching(thread_id: UUID, path: str) -> list[_Touching]:
     ancestors = [""] + [path[:at] for at in _separators(path)][1:] + ([path] if path else [])
-    params = {"thread": thread_id, "ancestors": ancestors, "low": path + "/", "high": path + "0"}
+    params: dict[str, Any] = {"thread": thread_id, "ancestors": ancestors, "low": path + "/", "high": path + "0"}
     with cursors.cursor(json=True) as cursor:
         cursor.execute(_TOUCHING_SQL, params)
         found = [_Touching(Row._make(values[:-1]), values[-1]) for values in cursor.fetchall()]

@@ -206,8 +206,8 @@ def test_only_the_patches_that_touched_the_path_are_read(thread: Thread) -> None
     storage.clear_caches()
 
     with (
-        mock.patch.object(history, "decode_payload", wraps=history.decode_payload) as decoded,
-        mock.patch.object(history, "load_node", side_effect=AssertionError("a state was materialised")),
+        mock.patch("checkpoints.storage.history.decode_payload", wraps=storage.decode_payload) as decoded,
+        mock.patch("checkpoints.storage.history.load_node", side_effect=AssertionError("a state was materialised")),
     ):
         found = storage.value_history(thread, BATCH)
 

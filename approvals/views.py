@@ -28,7 +28,7 @@ from audit.trail import client_address
 from checkpoints import storage
 from checkpoints.access import visible_threads
 from checkpoints.models import Checkpoint
-from checkpoints.presentation import diffview
+from checkpoints.presentation import conversation, diffview
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.jsonpatch import make_patch
 from checkpoints.views import viewer_required
@@ -335,6 +335,8 @@ def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:
         return {"integrity_error": exc.message}
     return {
         "state_tree": diffview.state_tree(target),
+        # What the agent and the person said before the step waiting here, as a conversation.
+        "conversations": conversation.conversations(target),
         "state_json": json.dumps(target, indent=2, ensure_ascii=False)[:200_000],
         "diff": diffview.build_diff(base, target, make_patch(base, target)),
         "diff_base": base_id,

@@ -95,15 +95,13 @@ def inbox(request: HttpRequest) -> HttpResponse:
         ordered = approvals.annotate(at=Coalesce("decided_at", "created_at")).order_by("-at", "-id")
         if after is not None:
             ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
-    if status != ApprovalStatus.PENDING:
-        ordered = selectors.with_next_checkpoint(ordered)
     rows = list(ordered[: INBOX_SIZE + 1])
     shown = rows[:INBOX_SIZE]
     following = PageLinkField.link(shown[-1].at, shown[-1].pk) if len(rows) > INBOX_SIZE else None  # `at`: annotated
     first_query, next_query = page_queries(request, "after", following)
     context = {
         "nav": "inbox",
-        "approvals": shown,
+        "approvals": _with_next_steps(shown),
         "paged": after is not None,
         "first_query": first_query,
         "next_query": next_query,
@@ -235,6 +233,16 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
         return None
     run = Run.objects.filter(approval=approval).order_by("-created_at").first()
     return NextStep(run=run, checkpoint=selectors.next_checkpoint(approval))
+
+
+def _with_next_steps(rows: list[ApprovalRequest]) -> list[ApprovalRequest]:
+    """`rows` with `next_checkpoint` set on each decided one: the checkpoint its agent wrote next
+    (`selectors.Following`), or None. One query for the page, none for pending rows."""
+    decided = [row.pk for row in rows if row.status != ApprovalStatus.PENDING]
+    following = selectors.next_checkpoints(decided)
+    for row in rows:
+        setattr(row, "next_checkpoint", following.get(row.pk))  # noqa: B010 (not a model field: read by the row's template)
+    return rows
 
 
 @viewer_required

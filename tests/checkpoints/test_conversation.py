@@ -241,7 +241,6 @@ def test_a_state_without_messages_shows_no_conversation(viewer_page: Client) -> 
 
 
 def test_langchain_message_objects_packed_by_the_langgraph_saver_read_as_a_conversation() -> None:
-    pytest.importorskip("langgraph")
     import base64
 
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage

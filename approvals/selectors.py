@@ -4,6 +4,7 @@ did next after a decision, and what each thread of a list waits on or ended with
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -144,6 +145,29 @@ _OUTCOME_TONES = {
     ApprovalStatus.CANCELLED: "cancelled",
     ApprovalStatus.RESOLVED: "completed",
 }
+
+
+@dataclass(frozen=True)
+class Following:
+    """The checkpoint an agent wrote next after a decision, as an inbox row links to it."""
+
+    id: UUID
+    seq: int
+    label: str
+
+
+_FOLLOWING_FIELDS = ("pk", "next_checkpoint_id", "next_checkpoint_seq", "next_checkpoint_label")
+
+
+def next_checkpoints(approval_ids: Collection[UUID]) -> dict[UUID, Following]:
+    """For each of the decided `approval_ids` whose agent wrote again: the checkpoint it wrote next
+    (as `with_next_checkpoint`). One query, none for no ids."""
+    if not approval_ids:
+        return {}
+    rows = with_next_checkpoint(ApprovalRequest.objects.filter(pk__in=list(approval_ids))).values_list(
+        *_FOLLOWING_FIELDS
+    )
+    return {pk: Following(id=next_id, seq=seq, label=label) for pk, next_id, seq, label in rows if next_id}
 
 
 def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:

@@ -28,7 +28,7 @@ from audit.trail import client_address
 from checkpoints import storage
 from checkpoints.access import visible_threads
 from checkpoints.models import Checkpoint
-from checkpoints.presentation import diffview
+from checkpoints.presentation import conversation, diffview
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.jsonpatch import make_patch
 from checkpoints.views import viewer_required
@@ -108,10 +108,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     # The page's ids first (a narrow query the index can stop early for), then their rows with
     # everything a row shows: sorting hundreds of wide joined rows to keep a hundred cost more.
     page = list(ordered.values_list("pk", "at")[: INBOX_SIZE + 1])
-    rows = _inbox_rows(request.user)
-    if status != ApprovalStatus.PENDING:
-        rows = selectors.with_next_checkpoint(rows)
-    loaded = rows.in_bulk([pk for pk, _ in page[:INBOX_SIZE]])
+    loaded = _inbox_rows(request.user).in_bulk([pk for pk, _ in page[:INBOX_SIZE]])
     shown = [loaded[pk] for pk, _ in page[:INBOX_SIZE] if pk in loaded]
     following = None
     if len(page) > INBOX_SIZE:
@@ -120,7 +117,7 @@ def inbox(request: HttpRequest) -> HttpResponse:
     first_query, next_query = page_queries(request, "after", following)
     context = {
         "nav": "inbox",
-        "approvals": shown,
+        "approvals": _with_next_steps(shown),
         "paged": after is not None,
         "first_query": first_query,
         "next_query": next_query,
@@ -255,6 +252,16 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
     return NextStep(run=run, checkpoint=selectors.next_checkpoint(approval))
 
 
+def _with_next_steps(rows: list[ApprovalRequest]) -> list[ApprovalRequest]:
+    """`rows` with `next_checkpoint` set on each decided one: the checkpoint its agent wrote next
+    (`selectors.Following`), or None. One query for the page, none for pending rows."""
+    decided = [row.pk for row in rows if row.status != ApprovalStatus.PENDING]
+    following = selectors.next_checkpoints(decided)
+    for row in rows:
+        setattr(row, "next_checkpoint", following.get(row.pk))  # noqa: B010 (not a model field: read by the row's template)
+    return rows
+
+
 @viewer_required
 @require_http_methods(["GET", "POST"])
 def bulk_approve(request: HttpRequest) -> HttpResponse:
@@ -353,6 +360,8 @@ def _state_and_diff(approval: ApprovalRequest) -> dict[str, Any]:
         return {"integrity_error": exc.message}
     return {
         "state_tree": diffview.state_tree(target),
+        # What the agent and the person said before the step waiting here, as a conversation.
+        "conversations": conversation.conversations(target),
         "state_json": json.dumps(target, indent=2, ensure_ascii=False)[:200_000],
         "diff": diffview.build_diff(base, target, make_patch(base, target)),
         "diff_base": base_id,

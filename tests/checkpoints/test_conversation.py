@@ -241,7 +241,6 @@ def test_a_state_without_messages_shows_no_conversation(viewer_page: Client) -> 
 
 
 def test_langchain_message_objects_packed_by_the_langgraph_saver_read_as_a_conversation() -> None:
-    pytest.importorskip("langgraph")
     import base64
 
     from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
@@ -282,3 +281,17 @@ def test_an_envelope_that_does_not_open_is_left_as_it_is(envelope: dict[str, Any
     from checkpoints.presentation.msgpack_view import unwrap
 
     assert unwrap(envelope) is envelope
+
+
+@pytest.mark.django_db
+def test_the_approval_page_shows_the_conversation_that_led_to_it(viewer_page: Client) -> None:
+    from approvals.services import request_approval
+
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"))
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state=OPENAI_CHAT, status="waiting_for_approval")
+    approval = request_approval(thread=thread, checkpoint=checkpoint, action="book_flight", args={"to": "FCO"})
+
+    body = viewer_page.get(f"/inbox/{approval.pk}/").content.decode()
+
+    assert re.findall(r'<li class="bubble bubble-(\w+)">', body) == ["system", "user", "assistant", "tool", "assistant"]
+    assert body.index('id="conversation"') < body.index('id="state-tree"')

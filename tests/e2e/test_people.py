@@ -59,3 +59,19 @@ def test_an_admin_adds_a_teammate_who_chooses_a_password_and_sees_the_dashboard(
 
     tab.goto("/people/")
     assert "Active" in tab.page.inner_text('tr[data-person="tom"]')
+
+
+def test_the_people_pages_fit_a_phone(browser: Any, server_url: str) -> None:
+    ada = make_person("ada", "admin")
+    context = browser.new_context(viewport={"width": 390, "height": 844})
+    try:
+        phone = Pages(context.new_page(), server_url, "people-phone")
+        phone.login("ada")
+        for path in ["/people/", "/people/new/", f"/people/{ada.pk}/", f"/people/{ada.pk}/deactivate/", "/password/"]:
+            phone.goto(path)
+            wide = phone.page.evaluate("document.scrollingElement.scrollWidth - document.scrollingElement.clientWidth")
+            assert wide <= 0, f"{path} scrolls sideways by {wide}px"
+        phone.shot("person")
+        assert phone.errors == [], phone.errors
+    finally:
+        context.close()

@@ -10,7 +10,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from rest_framework.exceptions import PermissionDenied
 
-from checkpoints import live
+from checkpoints import sockets
 from checkpoints.consumers import after_seq
 from memory import access, boards, spaces
 from memory.access import Scope, scope_for_reading
@@ -35,7 +35,7 @@ def _board(principal: Any, dotted: str) -> tuple[spaces.Space, Scope] | int:
         return 4404
 
 
-class BoardConsumer(live.EventConsumer):
+class BoardConsumer(sockets.EventConsumer):
     """`/ws/memory/boards/{namespace}/?after_seq=N`: the board's events with seq > N from the table,
     then live ones; a gap in seq replays from the table."""
 

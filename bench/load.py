@@ -11,7 +11,7 @@ server; the data goes to a database of its own there, ``quicksave_load_bench``, 
 Everything runs on loopback, as real processes this script starts and stops (SIGTERM, then SIGKILL
 after a timeout): P uvicorn processes (``quicksave.asgi``), each on a port of its own, clients
 spread over them round-robin, sharing the channel layer in Redis; and W ``manage.py run_agents
---agent travel`` workers. For each setting of ``--processes`` (1, 2 and 4) the load runs for
+--agent demo-travel`` workers. For each setting of ``--processes`` (1, 2 and 4) the load runs for
 ``--minutes``; then, at 2 processes, for ``--soak-minutes``. In each:
 
 - **Agents** (``--agents``): each its own agent with its own key (``load-NNN``), one thread each,
@@ -87,7 +87,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 DATABASE = "quicksave_load_bench"
-TRAVEL = "travel"
+TRAVEL = "demo-travel"  # the demo travel agent (quicksave_agents.demo.TravelAgent)
 # Messages an agent's state keeps: its state stays the same size however long the soak.
 WINDOW = 20
 # After the writes stop: how long sockets may take to catch up, and workers to resume what was decided.

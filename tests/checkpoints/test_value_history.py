@@ -454,7 +454,7 @@ def test_the_history_matches_every_state_compared_with_its_parents(thread: Threa
 
 
 def test_the_history_of_a_compacted_thread_is_read_again(agent: Any) -> None:
-    from checkpoints import retention
+    from checkpoints import compaction
     from checkpoints.models import ThreadStatus
 
     thread = storage.create_thread(agent=agent)[0]
@@ -464,7 +464,7 @@ def test_the_history_of_a_compacted_thread_is_read_again(agent: Any) -> None:
     assert len(storage.value_history(thread, "/n")) == 10  # indexed before compaction
     Thread.objects.filter(pk=thread.pk).update(status=ThreadStatus.COMPLETED)
 
-    retention.compact_thread(thread=thread, keep_every=5)
+    compaction.compact_thread(thread=thread, keep_every=5)
     storage.clear_caches()
 
     found = [(c.branch, c.seq, c.old, c.new) for c in reversed(storage.value_history(thread, "/n"))]

@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -181,7 +182,7 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
             quicksave.get(namespace, key)
             peer.get(namespace, key)
         qs_get, pg_get = alternating_ms([
-            (lambda ns=ns, key=key: quicksave.get(ns, key), lambda ns=ns, key=key: peer.get(ns, key))
+            (partial(quicksave.get, ns, key), partial(peer.get, ns, key))
             for ns, key, _ in picks
         ])  # fmt: skip
         searches = [(("users", f"u{rng.randrange(args.namespaces)}"), rng.choice(KINDS)) for _ in range(args.reads)]
@@ -189,8 +190,8 @@ def run_plain(args: argparse.Namespace) -> dict[str, Any]:
         pg_found = peer.search(searches[0][0], filter={"kind": searches[0][1]}, limit=10)
         assert {i.key for i in qs_found} == {i.key for i in pg_found}, "the two stores disagree on a search"
         qs_search, pg_search = alternating_ms([
-            (lambda ns=ns, kind=kind: quicksave.search(ns, filter={"kind": kind}, limit=10),
-             lambda ns=ns, kind=kind: peer.search(ns, filter={"kind": kind}, limit=10))
+            (partial(quicksave.search, ns, filter={"kind": kind}, limit=10),
+             partial(peer.search, ns, filter={"kind": kind}, limit=10))
             for ns, kind in searches
         ])  # fmt: skip
     figures.update(
@@ -223,8 +224,8 @@ def run_vector(args: argparse.Namespace) -> dict[str, Any]:
             peer.put(namespace, key, value)
         queries = [english_text(rng, 40) for _ in range(args.reads)]
         qs_ms, pg_ms = alternating_ms([
-            (lambda q=q: quicksave.search(("users",), query=q, limit=10),
-             lambda q=q: peer.search(("users",), query=q, limit=10))
+            (partial(quicksave.search, ("users",), query=q, limit=10),
+             partial(peer.search, ("users",), query=q, limit=10))
             for q in queries
         ])  # fmt: skip
     return {"qs_vector_search_ms": round(qs_ms, 3), "pg_store_vector_search_ms": round(pg_ms, 3)}

@@ -71,12 +71,12 @@ def next_state(
     ops = codec.loads(delta)
     max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     try:
-        limit = max_bytes - base_bytes
+        growth = max_bytes - base_bytes
         # A patch's pointers were parsed when it was checked: its copy read back has the same ones.
         if validated is None:
-            applied = apply_patch(base, ops, limit=limit)
+            applied = apply_patch(base, ops, limit=growth)
         else:
-            applied = apply_validated(base, validated, ops, limit=limit)
+            applied = apply_validated(base, validated, ops, limit=growth)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail=_patch_detail(exc)) from None
     except PatchTooLarge as exc:

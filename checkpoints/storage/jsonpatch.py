@@ -16,6 +16,7 @@ __all__ = [
     "Op",
     "PatchError",
     "apply_patch",
+    "apply_validated",
     "canonical_json",
     "canonical_size",
     "format_pointer",
@@ -24,6 +25,7 @@ __all__ = [
     "make_patch",
     "parse_pointer",
     "validate_ops",
+    "validate_patch",
 ]
 
 JSON = Any  # a JSON value: None, bool, int, float, str, list, dict[str, ...]
@@ -117,6 +119,32 @@ def _plain(value: JSON) -> bool:
 def _byte_len(text: str) -> int:
     # isascii() is O(1) on CPython and skips building the bytes object in the common case.
     return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
+_NULL_SIZE, _TRUE_SIZE, _FALSE_SIZE = 4, 4, 5
+
+
+def _scalar_size(value: JSON) -> int:
+    """len(canonical_json(value)) for an int, a string, a bool or null, without encoding the
+    number or walking a container; -1 for anything else (and for a string orjson refuses).
+    A string's canonical JSON is orjson's (see canonical_json)."""
+    kind = type(value)
+    if kind is str:
+        try:
+            return len(orjson.dumps(value))
+        except orjson.JSONEncodeError:
+            return -1
+    if kind is int:
+        return len(str(value)) if -_INT_LIMIT < value < _INT_LIMIT else -1
+    if value is None:
+        return _NULL_SIZE
+    if kind is bool:
+        return _TRUE_SIZE if value else _FALSE_SIZE
+    return -1
+
+
+# Well inside what int.__str__ writes without hitting Python's limit on digits (and what orjson writes).
+_INT_LIMIT = 2**63
 
 
 def canonical_size(value: JSON) -> int:
@@ -319,6 +347,11 @@ def validate_ops(ops: object) -> list[Op]:
     return ops
 
 
+def validate_patch(ops: object) -> list[_Parsed]:
+    """`validate_ops`, keeping what it parsed for `apply_validated`."""
+    return _parse_ops(ops)
+
+
 # ----------------------------------------------------------------------------------------------------
 # Applying patches
 
@@ -360,10 +393,12 @@ class _Patcher:
     def measure(self, value: JSON) -> int:
         if not self.measuring:
             return 0
-        try:
-            size = len(canonical_json(value))
-        except (TypeError, ValueError, RecursionError) as exc:
-            self.fail(f"the value is not valid JSON ({exc})")
+        size = _scalar_size(value)
+        if size < 0:
+            try:
+                size = len(canonical_json(value))
+            except (TypeError, ValueError, RecursionError) as exc:
+                self.fail(f"the value is not valid JSON ({exc})")
         if self.budget is not None:
             self.budget -= size
             if self.budget < 0:
@@ -507,7 +542,21 @@ def apply_patch(
     more than WORK_PER_LIMIT times that in measuring: a patch from outside can then make neither
     a document past the caller's limit nor the work to build one.
     """
-    parsed = _parse_ops(ops)
+    return _apply_parsed(doc, _parse_ops(ops), measure=measure, in_place=in_place, limit=limit)
+
+
+def apply_validated(doc: JSON, validated: Sequence[_Parsed], ops: list[Op], *, limit: int | None = None) -> Applied:
+    """`apply_patch(doc, ops, limit=limit)` for `ops` equal to the patch `validate_patch` checked
+    (its canonical JSON read back, say): the pointers it parsed then are used again, not parsed
+    a second time. Each of `ops` must be the op at the same place in that patch, or equal to it."""
+    if len(validated) != len(ops):
+        raise ValueError("the ops are not those of the validated patch")
+    parsed = [(name, path, tokens, from_path, from_tokens, op)
+              for (name, path, tokens, from_path, from_tokens, _), op in zip(validated, ops, strict=True)]  # fmt: skip
+    return _apply_parsed(doc, parsed, measure=True, in_place=False, limit=limit)
+
+
+def _apply_parsed(doc: JSON, parsed: list[_Parsed], *, measure: bool, in_place: bool, limit: int | None) -> Applied:
     budget = WORK_PER_LIMIT * max(limit, 0) if measure and limit is not None else None
     patcher = _Patcher(doc, measuring=measure, in_place=in_place, budget=budget)
     depth = 0

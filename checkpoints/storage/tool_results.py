@@ -10,12 +10,12 @@ from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
-from django.db import IntegrityError, connection
+from django.db import IntegrityError
 from django.utils import timezone
 
 from checkpoints.fields import associated_data
 from checkpoints.models import Checkpoint, Thread, ToolResult
-from checkpoints.storage import codec, crypto
+from checkpoints.storage import codec, crypto, cursors
 from checkpoints.storage.errors import InvalidState, NotFound
 from quicksave_agents import fencing
 from quicksave_agents.fencing import Fence
@@ -165,9 +165,10 @@ def _write(
         **fencing.params(fence),
     }  # fmt: skip
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(_PUT_SQL, params)
-            return {key: row_id for row_id, key in cursor.fetchall()}
+        # The insert of LangGraph's pending writes, twice a step: on the kept cursor (binary results).
+        cursor = cursors.kept_cursor()
+        cursor.execute(_PUT_SQL, params)
+        return {key: row_id for row_id, key in cursor.fetchall()}
     except IntegrityError as exc:
         if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
             raise

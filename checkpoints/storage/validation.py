@@ -18,7 +18,14 @@ from checkpoints.storage.errors import (
     InvalidState,
     StateTooLarge,
 )
-from checkpoints.storage.jsonpatch import PatchError, PatchTooLarge, apply_patch, make_patch, validate_ops
+from checkpoints.storage.jsonpatch import (
+    PatchError,
+    PatchTooLarge,
+    apply_patch,
+    apply_validated,
+    make_patch,
+    validate_patch,
+)
 from checkpoints.storage.nodes import Node
 
 MODEL_FIELDS = {
@@ -36,11 +43,13 @@ def next_state(
     """The delta from the parent's state as canonical JSON, the new state and its size, all checked."""
     base: dict[str, Any] = parent.state if parent else {}
     base_bytes = parent.state_bytes if parent else 2
+    validated = None
     if patch is not None:
         try:
-            ops = validate_ops(patch)
+            validated = validate_patch(patch)
         except PatchError as exc:
             raise InvalidPatch(exc.message, detail=_patch_detail(exc)) from None
+        ops = patch
     else:
         if not isinstance(state, dict):
             raise InvalidState("`state` must be a JSON object.", detail={"field": "state"})
@@ -62,7 +71,12 @@ def next_state(
     ops = codec.loads(delta)
     max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
     try:
-        applied = apply_patch(base, ops, limit=max_bytes - base_bytes)
+        growth = max_bytes - base_bytes
+        # A patch's pointers were parsed when it was checked: its copy read back has the same ones.
+        if validated is None:
+            applied = apply_patch(base, ops, limit=growth)
+        else:
+            applied = apply_validated(base, validated, ops, limit=growth)
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail=_patch_detail(exc)) from None
     except PatchTooLarge as exc:

@@ -1127,10 +1127,23 @@ def _pointer(*tokens: str) -> str:
 
 
 def _member_ops(stored: Any, value: Any, path: str) -> Ops:
-    """Ops turning the stored value at `path` (MISSING: none) into `value`, both JSON-safe."""
+    """Ops turning the stored value at `path` (MISSING: none) into `value`, both JSON-safe.
+
+    A flat dict of which at least half the members changed (`channel_versions` after a node ran,
+    a dict channel a node returns anew each step) is replaced whole: one op instead of one per
+    member, no more bytes, and each op the store checks and applies costs about 30,000
+    instructions (of a put's 1.7 million)."""
     if stored is MISSING:
         return [{"op": "add", "path": path, "value": value}]
-    return make_patch(stored, value, path)
+    ops = make_patch(stored, value, path)
+    if len(ops) > 1 and type(value) is dict and 2 * len(ops) >= len(value) and _flat(value):
+        return [{"op": "replace", "path": path, "value": value}]
+    return ops
+
+
+def _flat(value: dict[str, Any]) -> bool:
+    """Whether every member of a dict is a JSON scalar."""
+    return all(type(item) in PLAIN for item in value.values())
 
 
 def _branch_name(lg_id: str) -> str:

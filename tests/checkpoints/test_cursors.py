@@ -12,7 +12,7 @@ from django.test.utils import CaptureQueriesContext
 
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread
-from checkpoints.storage import cursors
+from checkpoints.storage import cursors, lent_connection
 from quicksave_agents.models import Agent
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -87,3 +87,31 @@ def test_engine_cursors_load_results_in_binary() -> None:
     assert payload == b"\x00\xff"
     assert stamp.tzinfo is not None
     assert value == {"a": [1, 2.5]}
+
+
+def test_threads_that_borrow_the_same_lent_connection_in_turn_append_on_its_one_kept_cursor(thread: Thread) -> None:
+    # LangGraph writes a graph's checkpoints from threads it starts for every run: a cursor kept by
+    # the thread would be made afresh for each of them, one kept with the connection is not.
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+
+    def append_in_a_new_thread(n: int) -> tuple[Any, Any]:
+        found: dict[str, Any] = {}
+
+        def work() -> None:
+            with lent_connection.borrowed():
+                found["head"] = storage.append_checkpoint(
+                    thread=thread, parent=found["parent"], patch=[{"op": "replace", "path": "/n", "value": n}]
+                )
+                found["cursor"] = cursors.kept_cursor()
+
+        found["parent"] = head
+        worker = threading.Thread(target=work)
+        worker.start()
+        worker.join(timeout=30)
+        return found["head"], found["cursor"]
+
+    head, first = append_in_a_new_thread(1)
+    head, second = append_in_a_new_thread(2)
+
+    assert first is second
+    assert storage.state_at(head) == {"n": 2}

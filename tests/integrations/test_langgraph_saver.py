@@ -96,6 +96,41 @@ def test_a_growing_message_list_is_stored_as_deltas() -> None:
     assert stored < sum(row.state_bytes for row in rows) / 10
 
 
+class PlanState(TypedDict):
+    turn: int
+    plan: dict[str, Any]
+
+
+def replan(state: PlanState) -> dict[str, Any]:
+    turn = state["turn"]
+    return {"plan": {"turn": turn, "city": f"city {turn}", "nights": turn % 5, "budget": 1000 + turn}}
+
+
+def test_a_flat_dict_a_node_returns_anew_is_written_as_one_replace(monkeypatch: pytest.MonkeyPatch) -> None:
+    patches: list[list[dict[str, Any]]] = []
+    append = storage.append_checkpoint
+
+    def spy(**fields: Any) -> Any:
+        if fields.get("patch") is not None:
+            patches.append(fields["patch"])
+        return append(**fields)
+
+    monkeypatch.setattr(storage, "append_checkpoint", spy)
+    graph = one_node_graph(PlanState, replan, QuicksaveSaver())
+    config: RunnableConfig = {"configurable": {"thread_id": "plan-replaced"}}
+    for turn in (1, 2, 3):
+        graph.invoke({"turn": turn}, config)
+
+    # The last put: every member of the plan changed, and most channel versions: one op each.
+    ops = patches[-1]
+    plan = replan({"turn": 3, "plan": {}})["plan"]
+    assert [op for op in ops if op["path"].startswith("/channel_values/plan")] == [
+        {"op": "replace", "path": "/channel_values/plan", "value": plan}
+    ]
+    assert [op["path"] for op in ops if op["path"].startswith("/channel_versions")] == ["/channel_versions"]
+    assert graph.get_state(config).values == {"turn": 3, "plan": plan}
+
+
 def test_update_state_on_an_old_checkpoint_forks_a_quicksave_branch() -> None:
     graph = chat_graph(QuicksaveSaver())
     config: RunnableConfig = {"configurable": {"thread_id": "chat-fork"}}

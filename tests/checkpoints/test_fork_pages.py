@@ -83,7 +83,21 @@ def test_non_admins_get_403_from_every_action_and_nothing_is_written(
     assert written(thread) == before
 
 
-def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_new_checkpoint(
+def test_a_fork_that_does_not_resume_opens_its_new_checkpoint(
+    admin: Client, thread: Thread, checkpoints: list[Checkpoint]
+) -> None:
+    url = f"/checkpoints/{checkpoints[1].pk}/fork/"
+    patch = [{"op": "replace", "path": "/settings/batch_size", "value": 500}]
+
+    confirmed = admin.post(url, {"step": "confirm", "reason": "look first", "branch": "", "carry_approval": "",
+                                 "patch": json.dumps(patch)})  # fmt: skip
+
+    thread.refresh_from_db()
+    assert confirmed.status_code == 302 and confirmed["Location"] == f"/checkpoints/{thread.head_id}/"
+    assert not Run.objects.filter(checkpoint_id=thread.head_id).exists()
+
+
+def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_thread_it_resumes(
     admin: Client, thread: Thread, checkpoints: list[Checkpoint]
 ) -> None:
     url = f"/checkpoints/{checkpoints[1].pk}/fork/"
@@ -100,7 +114,8 @@ def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_
     confirmed = admin.post(url, {"step": "confirm", "reason": "5000 locks the table", "resume": "on",
                                  "branch": "", "carry_approval": "", "patch": json.dumps(patch)})  # fmt: skip
     thread.refresh_from_db()
-    assert confirmed.status_code == 302 and confirmed["Location"] == f"/checkpoints/{thread.head_id}/"
+    # A resumed fork opens the thread's timeline, where the agent goes on (a paused one, its checkpoint).
+    assert confirmed.status_code == 302 and confirmed["Location"] == f"/threads/{thread.pk}/"
     created = Checkpoint.objects.get(pk=str(thread.head_id))
     assert storage.get_branch_name(created.branch_id) == "fork-1" and created.parent_id == checkpoints[1].pk
     assert storage.state_at(created)["settings"] == {"batch_size": 500}

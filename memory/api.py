@@ -62,6 +62,8 @@ from quicksave_agents.auth import AgentPrincipal
 from quicksave_agents.models import Agent, AgentKey
 
 MAX_OFFSET = 10_000
+# One component for both item lists (two made under one name would be two schemas, one lost).
+ITEM_PAGE = page_of("MemoryItemPage", ItemSerializer(many=True))
 NAMESPACE_PARAM = OpenApiParameter("namespace", str, OpenApiParameter.PATH, description="Dotted labels: `users.alice`.")
 KEY_PARAM = OpenApiParameter("key", str, OpenApiParameter.PATH, description="The item's key (may hold `/`).")
 
@@ -192,7 +194,7 @@ SEARCH_DOC = (
 class SearchView(APIView):
     @extend_schema(
         operation_id="v1_memory_items_search", description=SEARCH_DOC, parameters=[SearchQuery],
-        responses=page_of("MemoryItemPage", ItemSerializer(many=True)),
+        responses=ITEM_PAGE,
     )  # fmt: skip
     def get(self, request: Request) -> Response:
         prefix = request.query_params.get("prefix")
@@ -202,7 +204,7 @@ class SearchView(APIView):
 class NamespaceItemsView(APIView):
     @extend_schema(
         operation_id="v1_memory_namespace_items_search", description=SEARCH_DOC + " Under this namespace.",
-        parameters=[NAMESPACE_PARAM, SearchQuery], responses=page_of("MemoryItemPage", ItemSerializer(many=True)),
+        parameters=[NAMESPACE_PARAM, SearchQuery], responses=ITEM_PAGE,
     )  # fmt: skip
     def get(self, request: Request, namespace: str) -> Response:
         if "prefix" in request.query_params:
@@ -369,6 +371,7 @@ class BoardListView(APIView):
 class BoardView(APIView):
     @extend_schema(operation_id="v1_memory_board_get", parameters=[NAMESPACE_PARAM], responses=BoardSerializer)
     def get(self, request: Request, namespace: str) -> Response:
+        """The blackboard at this namespace: its latest event number and the keys held now, with their holders."""
         space = boards.board_for(_path(namespace), scope_for_reading(request.user))
         return Response(_board_body(space, False))
 

@@ -56,9 +56,19 @@ class StrictQuery(StrictSerializer):
 class NamespaceListQuery(StrictQuery):
     prefix = serializers.CharField(required=False, help_text="Dotted labels the namespaces start with; `*` is any.")
     suffix = serializers.CharField(required=False, help_text="Dotted labels the namespaces end with; `*` is any.")
-    max_depth = serializers.IntegerField(required=False, min_value=1, max_value=32)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=100)
-    cursor = serializers.CharField(required=False)
+    max_depth = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=32,
+        help_text="Cut each namespace to this many labels (1 to 32); each shorter namespace is listed once.",
+    )
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LIMIT, default=100, help_text="How many at most in one page."
+    )
+    cursor = serializers.CharField(
+        required=False,
+        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
+    )
 
 
 class SearchQuery(StrictQuery):
@@ -68,8 +78,13 @@ class SearchQuery(StrictQuery):
         required=False, max_length=MAX_FILTER,
         help_text='A JSON object: `{"status": "open", "score": {"$gte": 3}}` ($eq $ne $gt $gte $lt $lte).',
     )  # fmt: skip
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=20)
-    cursor = serializers.CharField(required=False)
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LIMIT, default=20, help_text="How many at most in one page."
+    )
+    cursor = serializers.CharField(
+        required=False,
+        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
+    )
 
 
 class ItemQuery(StrictQuery):
@@ -77,18 +92,41 @@ class ItemQuery(StrictQuery):
 
 
 class DeleteQuery(StrictQuery):
-    expected_version = serializers.IntegerField(required=False, min_value=0, max_value=MAX_VERSION)
-    fencing_token = serializers.IntegerField(required=False, min_value=1, max_value=MAX_SEQ)
+    expected_version = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_VERSION,
+        help_text="Delete only if the item is at this version (0: it must not exist); else 409 with the current one.",
+    )
+    fencing_token = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=MAX_SEQ,
+        help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused.",
+    )
 
 
 class HistoryQuery(StrictQuery):
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=MAX_LIMIT, default=50)
-    cursor = serializers.CharField(required=False)
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LIMIT, default=50, help_text="How many at most in one page."
+    )
+    cursor = serializers.CharField(
+        required=False,
+        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
+    )
 
 
 class EventsQuery(StrictQuery):
-    after_seq = serializers.IntegerField(required=False, min_value=0, max_value=MAX_SEQ, default=0)
-    limit = serializers.IntegerField(required=False, min_value=1, max_value=500, default=200)
+    after_seq = serializers.IntegerField(
+        required=False,
+        min_value=0,
+        max_value=MAX_SEQ,
+        default=0,
+        help_text="Events after this number (0: from the first).",
+    )
+    limit = serializers.IntegerField(
+        required=False, min_value=1, max_value=500, default=200, help_text="How many at most in one page."
+    )
 
 
 class ItemPutSerializer(StrictSerializer):
@@ -123,13 +161,21 @@ class LeaseAcquireSerializer(StrictSerializer):
 
 class LeaseRenewSerializer(StrictSerializer):
     key = serializers.CharField(max_length=MAX_KEY, trim_whitespace=False)
-    fencing_token = serializers.IntegerField(min_value=1, max_value=MAX_SEQ)
+    fencing_token = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_SEQ,
+        help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused.",
+    )
     ttl_seconds = FiniteFloatField(min_value=MIN_TTL_SECONDS, max_value=MAX_TTL_SECONDS)
 
 
 class LeaseReleaseSerializer(StrictSerializer):
     key = serializers.CharField(max_length=MAX_KEY, trim_whitespace=False)
-    fencing_token = serializers.IntegerField(min_value=1, max_value=MAX_SEQ)
+    fencing_token = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_SEQ,
+        help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused.",
+    )
 
 
 class GrantCreateSerializer(StrictSerializer):
@@ -195,7 +241,9 @@ class BoardSerializer(serializers.Serializer[Any]):
 class LeaseSerializer(serializers.Serializer[Any]):
     key = serializers.CharField()
     holder = serializers.CharField()
-    fencing_token = serializers.IntegerField()
+    fencing_token = serializers.IntegerField(
+        help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused."
+    )
     expires_at = serializers.DateTimeField()
     took_over_from = serializers.CharField(allow_null=True, required=False)
 

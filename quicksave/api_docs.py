@@ -22,6 +22,7 @@ PATH_PARAMETERS = {
     "rule_id": "The auto-approve rule's id.",
     "endpoint_id": "The notification endpoint's id (a UUID).",
     "delivery_id": "The notification delivery's id.",
+    "grant_id": "The memory namespace grant's id.",
 }
 
 # DRF's own query parameter on a view with several renderers (the JSON Lines exports).

@@ -170,3 +170,12 @@ def test_a_deleted_version_cannot_be_gone_back_to(admin: User) -> None:
                                    {"to_version": 2, "seen_version": 3, "reason": "undo"})  # fmt: skip
 
     assert answer.status_code == 400 and "is a deletion" in answer.content.decode()
+
+
+def test_an_admin_sees_one_edit_form_in_the_page_body(admin: User) -> None:
+    put({"theme": "dark"})
+
+    body = signed_in(admin).get(item_url()).content.decode()
+
+    head, _, page = body.partition("</head>")
+    assert 'id="edit"' not in head and page.count('id="edit"') == 1 and page.count('name="seen_version"') == 1

@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from rest_framework.test import APIClient
 
 from checkpoints.models import Thread, ThreadStatus

@@ -94,7 +94,7 @@ def test_a_fork_that_does_not_resume_opens_its_new_checkpoint(
 
     thread.refresh_from_db()
     assert confirmed.status_code == 302 and confirmed["Location"] == f"/checkpoints/{thread.head_id}/"
-    assert not Run.objects.filter(checkpoint_id=thread.head_id).exists()
+    assert not Run.objects.filter(checkpoint_id=str(thread.head_id)).exists()
 
 
 def test_review_shows_the_patch_and_the_branch_then_confirm_forks_and_opens_the_thread_it_resumes(

@@ -293,6 +293,18 @@ def test_steps_are_numbered_one_way(viewer_page: Client, thread: Thread) -> None
     assert "step 20" not in html and "Step 20" not in html
 
 
+def test_the_thread_list_and_the_checkpoint_page_number_checkpoints_the_same_one_way(
+    viewer_page: Client, thread: Thread
+) -> None:
+    grow(thread, 21)
+    thread.refresh_from_db()
+    listed = viewer_page.get("/").content.decode()
+    checkpoint = viewer_page.get(f"/checkpoints/{thread.head_id}/").content.decode()
+
+    assert '<th class="num">Step</th>' not in listed and ">#21 " in listed
+    assert "Step <strong>" not in checkpoint and "#21" in checkpoint
+
+
 # --------------------------------------------------------------------------- drawings folded below
 
 

@@ -146,8 +146,12 @@ def ensure_venv(lock: Path) -> None:
     if is_current(lock, [lock]):
         print(f"    {lock.name} unchanged since the last install")
         return
-    step(f"pip install --require-hashes -r {lock.name}")
-    run(PYTHON, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--require-hashes", "-r", lock)
+    # --no-deps: the lock already is the whole closure. Without it pip resolves each package's own
+    # requirements again, and pip 23.2 takes an extra (pytest-cov's `coverage[toml]>=…`) as a new,
+    # unpinned requirement, failing hash-checking as soon as PyPI has a newer release than the pin.
+    step(f"pip install --no-deps --require-hashes -r {lock.name}")
+    quiet = ("--quiet", "--disable-pip-version-check")
+    run(PYTHON, "-m", "pip", "install", *quiet, "--no-deps", "--require-hashes", "-r", lock)
     mark_current(lock, [lock])
 
 

@@ -173,7 +173,7 @@ def spawn_server(port: int, env: dict[str, str], directory: Path) -> Process:
     with log.open("wb") as handle:
         popen = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--host", "127.0.0.1", "--port",
-             str(port), "--log-level", "warning", "--no-access-log"],
+             str(port), "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=handle,
         )  # fmt: skip
     return Process(f"server :{port}", popen, log)
@@ -316,6 +316,9 @@ class Phase:
     ws_disorder: int = 0
     ws_missing: int = 0
     rss: dict[str, list[int]] = field(default_factory=dict)
+    # What the first failed requests raised, for the report (a count alone does not say why).
+    error_details: list[str] = field(default_factory=list)
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def cps(self) -> float:
@@ -386,6 +389,8 @@ class Agent:
                 response = await self.http.post(f"/api/v1/threads/{self.thread_id}/checkpoints/", json=body)
             except httpx.HTTPError as error:
                 self.phase.errors[f"write {type(error).__name__}"] += 1
+                self.phase.error_details.append(f"write at {time.monotonic() - self.phase.started:.1f} s: "
+                                                f"{error!r} (from {error.__context__!r})")  # fmt: skip
                 continue
             elapsed = (time.perf_counter() - started) * 1000
             if response.status_code == 201:
@@ -595,7 +600,6 @@ async def run_phase(phase: Phase, *, db: Database, processes: list[Process], key
     finals = await db.call(final_seqs, [a.thread_id for a in agents])
     for watcher in watchers:
         watcher.expect(finals[watcher.thread_id])
-    deadline = time.monotonic() + GRACE_SECONDS
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(GRACE_SECONDS):
             await asyncio.gather(*(w.caught_up.wait() for w in watchers))
@@ -603,12 +607,13 @@ async def run_phase(phase: Phase, *, db: Database, processes: list[Process], key
     for task in watching:
         task.cancel()
     await asyncio.gather(*watching, return_exceptions=True)
-    found: dict[str, tuple[float, float]] = {}
-    while time.monotonic() < deadline:
-        found = await db.call(resumed, list(phase.decisions))
-        if len(found) == len(phase.decisions):
-            break
+    # A grace of its own, counted after the sockets': a socket that waited its whole grace must
+    # not leave the resumes none (a run once counted every decision of a phase "not resumed").
+    deadline = time.monotonic() + GRACE_SECONDS
+    found = await db.call(resumed, list(phase.decisions))
+    while len(found) < len(phase.decisions) and time.monotonic() < deadline:
         await asyncio.sleep(0.5)
+        found = await db.call(resumed, list(phase.decisions))
     phase.resume_ms = [(next_at - decided_at) * 1000 for decided_at, next_at in found.values()]
     phase.resume_from_response_ms = [(found[a][1] - answered) * 1000 for a, answered in phase.decisions.items()
                                      if a in found]  # fmt: skip
@@ -630,6 +635,8 @@ def report(phase: Phase) -> None:
           f"out of order, {phase.ws_missing} not arrived", flush=True)  # fmt: skip
     errors = ", ".join(f"{what}: {n}" for what, n in sorted(phase.errors.items())) or "none"
     print(f"    errors: {errors}", flush=True)
+    for detail in phase.error_details[:5]:
+        print(f"      {detail}", flush=True)
     for role, samples in phase.rss.items():
         print(f"    {role} resident memory: {' -> '.join(f'{kib / 1024:.1f} MiB' for kib in samples)}", flush=True)
 

@@ -1,15 +1,29 @@
-"""Websocket for one thread: replay the events a client missed, then forward live ones in order."""
+"""Websocket for one thread: replay the events a client missed, then forward live ones in order.
+
+The channel layer can lose a message (a server's list over its capacity, Redis restarting). A
+lost event followed by another is noticed by the gap in `seq`; one that nothing follows (a
+thread's last events) is noticed by the tail watch: every QUICKSAVE_LIVE_RECHECK_SECONDS, one
+query per server process compares each open thread socket's last seq with its thread's event
+counter, and a socket behind it replays from the table.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
 from typing import Any
 from urllib.parse import parse_qs
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 from checkpoints import live, sockets, storage
 from checkpoints.access import visible_threads
+from checkpoints.models import Thread
 from quicksave import logs
+
+log = logging.getLogger(__name__)
 
 REPLAY_BATCH = 500
 
@@ -37,10 +51,18 @@ class ThreadConsumer(sockets.EventConsumer):
     """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
 
     Consumers handle one message at a time, so live events that arrive during the
-    replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay.
+    replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay. The tail
+    watch's catch-up takes its turn with them under `_in_order`.
     """
 
     feed = "thread"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.thread_id = ""
+        self.last_seq = 0
+        # Live events and the tail watch's catch-up take turns: each sends in seq order.
+        self._in_order = asyncio.Lock()
 
     async def connect(self) -> None:
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
@@ -58,16 +80,29 @@ class ThreadConsumer(sockets.EventConsumer):
         if not await self.join(live.thread_group(self.thread_id)):
             return
         await self.accept()
-        await self._replay()
+        async with self._in_order:
+            await self._replay()
+        _current_tail_watch().add(self)
+
+    async def disconnect(self, code: int) -> None:
+        _current_tail_watch().discard(self)
+        await super().disconnect(code)
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
-        if event["seq"] <= self.last_seq:
-            return
-        if event["seq"] > self.last_seq + 1:
-            await self._replay()  # something was missed on the way: the table has it
-            return
-        await self._send(event)
+        async with self._in_order:
+            if event["seq"] <= self.last_seq:
+                return
+            if event["seq"] > self.last_seq + 1:
+                await self._replay()  # something was missed on the way: the table has it
+                return
+            await self._send(event)
+
+    async def catch_up(self, latest: int) -> None:
+        """The thread's events reach `latest`: replay those that have not come live."""
+        async with self._in_order:
+            if latest > self.last_seq and not self.closed:
+                await self._replay()
 
     async def _replay(self) -> None:
         while True:
@@ -80,6 +115,53 @@ class ThreadConsumer(sockets.EventConsumer):
     async def _send(self, event: dict[str, Any]) -> None:
         self.last_seq = event["seq"]
         await self.send_json(event)
+
+
+def _latest_event_seqs(thread_ids: set[str]) -> dict[str, int]:
+    return {str(pk): seq for pk, seq in Thread.objects.filter(pk__in=thread_ids).values_list("pk", "event_seq")}
+
+
+class _TailWatch:
+    """The thread sockets of one event loop, checked every QUICKSAVE_LIVE_RECHECK_SECONDS against
+    their threads' event counters in one query; a socket the counter has passed catches up.
+    Sockets are held weakly: one whose task was cancelled (no disconnect) just disappears."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sockets: weakref.WeakSet[ThreadConsumer] = weakref.WeakSet()
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, consumer: ThreadConsumer) -> None:
+        self.sockets.add(consumer)
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._run())
+
+    def discard(self, consumer: ThreadConsumer) -> None:
+        self.sockets.discard(consumer)
+
+    async def _run(self) -> None:
+        while self.sockets:  # ends with the last socket; the next one starts it again
+            await asyncio.sleep(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
+            watched = list(self.sockets)
+            try:
+                latest = await database_sync_to_async(_latest_event_seqs)({c.thread_id for c in watched})
+            except Exception:  # the database is down: the next round tries again
+                log.warning("could not check the open thread sockets against their threads", exc_info=True)
+                continue
+            behind = [c for c in watched if latest.get(c.thread_id, 0) > c.last_seq]
+            await asyncio.gather(*(c.catch_up(latest[c.thread_id]) for c in behind), return_exceptions=True)
+
+
+_tail_watch: _TailWatch | None = None
+
+
+def _current_tail_watch() -> _TailWatch:
+    """The watch of the running loop (a server has one; tests run a loop per test)."""
+    global _tail_watch
+    loop = asyncio.get_running_loop()
+    if _tail_watch is None or _tail_watch.loop is not loop:
+        _tail_watch = _TailWatch(loop)
+    return _tail_watch
 
 
 def _sees_every_thread(principal: Any) -> bool:

@@ -5,8 +5,9 @@ A process hands each committed event to one publisher thread (a queue, so the
 writer never waits on Redis), which sends them in order to the thread's group and,
 for approvals, to the inbox group: one `live.event` message, or one `live.events`
 message carrying the events that queued up while the previous send was under way.
-An event lost on the way (a process killed, Redis down) is not lost to clients: they
-notice the gap in `seq` and replay from the table. The sockets that receive them are
+An event lost on the way (a process killed, Redis down, a server's channel full) is not
+lost to clients: the thread's socket notices the gap in `seq`, or, for a thread's last events,
+its server's tail watch notices the thread's counter ahead of it, and replays from the table. The sockets that receive them are
 `checkpoints.sockets`.
 """
 

@@ -161,15 +161,27 @@ DATABASE_LISTEN = database_from_url(DATABASE_LISTEN_URL) if DATABASE_LISTEN_URL 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = envstr("REDIS_URL")
+# Messages waiting for one server process (channels-redis keeps one list per process, all its
+# sockets together, and drops what a group sends beyond it): channels-redis's default of 100 is
+# a second of a busy server's events. Sockets replay what is dropped anyway (checkpoints.consumers).
+QUICKSAVE_CHANNEL_CAPACITY = envint("QUICKSAVE_CHANNEL_CAPACITY", 10_000, minimum=100)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL]},
+            "CONFIG": {"hosts": [REDIS_URL], "capacity": QUICKSAVE_CHANNEL_CAPACITY},
         }
     }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": QUICKSAVE_CHANNEL_CAPACITY},
+        }
+    }
+# How often a thread's open sockets are checked against the thread's event counter (one query a
+# server process): a socket whose last events were lost on the way replays them from the table.
+QUICKSAVE_LIVE_RECHECK_SECONDS: float = envint("QUICKSAVE_LIVE_RECHECK_SECONDS", 5, minimum=1)
 
 # Large values moved out of checkpoints (checkpoints/storage/blobs.py): the filesystem under var/blobs,
 # or any S3-compatible store through django-storages.

@@ -331,3 +331,30 @@ async def test_the_thread_list_feed_is_for_people_who_may_read_every_thread(
     principal = await sync_to_async(_principal)(who, agent="travel")
     communicator = await connect(application, "/ws/threads/", principal)
     assert await handshake(communicator) == code
+
+
+async def test_a_threads_last_events_lost_on_the_way_arrive_from_the_table(application: Any, settings: Any) -> None:
+    """Nothing follows the lost events to show a gap: the tail watch finds the thread's counter
+    ahead of the socket and the socket replays them, in order, once each."""
+    settings.QUICKSAVE_LIVE_RECHECK_SECONDS = 0.2
+    viewer = await sync_to_async(_viewer)()
+    thread = await sync_to_async(_thread_with)(1)  # events 1 and 2
+    communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=2", viewer)
+    await communicator.connect()
+
+    def write_two() -> None:
+        head, _ = storage.latest_state(thread=thread)
+        first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
+        storage.append_checkpoint(thread=thread, parent=first, state={"i": 2}, label="last")
+
+    sent = live._publisher.send
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
+    try:
+        await sync_to_async(write_two)()
+    finally:
+        live._publisher.send = sent  # type: ignore[method-assign]
+
+    got = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
+    assert [(event["seq"], event["data"]["label"]) for event in got] == [(3, ""), (4, "last")]
+    assert await communicator.receive_nothing(timeout=0.5)  # caught up: no repeat at the next round
+    await communicator.disconnect()

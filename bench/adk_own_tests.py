@@ -136,12 +136,16 @@ quicksave_backend.setup()
 
 
 def pytest_collection_modifyitems(items):
-    # Name each test's backend in the report: the registry entry's name, or the enum member's.
+    # Name each test's backend in the report: the registry entry's name, or the older fixture's
+    # param (a string or enum member). A test that parametrizes `session_service` itself with a
+    # service object (ADK's in-memory-only tests) is not a registry backend: it counts under `-`.
     for item in items:
         callspec = getattr(item, "callspec", None)
         if callspec is not None and "session_service" in callspec.params:
             backend = callspec.params["session_service"]
-            item.user_properties.append(("backend", str(getattr(backend, "name", backend))))
+            name = getattr(backend, "name", backend)
+            if isinstance(name, str):
+                item.user_properties.append(("backend", name))
 """
 
 # The older fixture's enum members, as the registry names the same backends.

@@ -208,14 +208,18 @@ class QuicksaveSessionService(BaseSessionService):
     def store_event(self, session: Session, event: Event) -> bool:
         """Write `event` as the session's next checkpoint; False when it is the head already.
 
-        The head this service last wrote or read is tried first, so an append is one statement in
-        autocommit; the storage engine refuses it if the head moved, and the head is then read again.
+        An event is the head already when the head holds its id and the caller's copy of the session
+        ends with an equal event: the same event delivered again (the same object, or an equal copy
+        from a caller retrying its append), which is written once, as ADK's InMemorySessionService
+        does. A different event that only shares the id is written. The head this service last
+        wrote or read is tried first, so an append is one statement in autocommit; the storage
+        engine refuses it if the head moved, and the head is then read again.
         """
         if self.fence is not None and not self.lease_held():
             raise self.fence.lost(thread_id=self._head(session, fresh=False).thread.pk)
         for fresh in (False, True):
             head = self._head(session, fresh=fresh)
-            if head.event_id == event.id and session.events and session.events[-1] is event:
+            if head.event_id == event.id and session.events and session.events[-1] == event:
                 return False
             if (session.events and head.event_id != session.events[-1].id) or (
                 not session.events and head.ts > session.last_update_time

@@ -123,6 +123,31 @@ async def test_a_copy_read_before_another_write_cannot_append(app: str) -> None:
     assert got is not None and texts(got) == ["first"]
 
 
+async def test_an_event_delivered_again_as_an_equal_copy_is_stored_once_but_another_event_with_its_id_is_kept(
+    app: str,
+) -> None:
+    """A caller that retries an append (the same event, or an equal copy of it) writes it once, as
+    ADK's InMemorySessionService does; a different event that only shares the id is its own event."""
+    service = QuicksaveSessionService()
+    session = await service.create_session(app_name=app, user_id="ana")
+    sent = said("once", delta={"turns": 1})
+    await service.append_event(session, sent)
+    await service.append_event(session, sent)
+    await service.append_event(session, sent.model_copy(deep=True))
+    reread = await service.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert reread is not None
+    await service.append_event(reread, sent.model_copy(deep=True))  # a retry from a copy read back
+    other = said("same id, another event")
+    other.id = sent.id
+    await service.append_event(session, other)
+
+    got = await service.get_session(app_name=app, user_id="ana", session_id=session.id)
+    assert got is not None
+    assert texts(got) == ["once", "same id, another event"]
+    assert texts(session) == ["once", "same id, another event"]
+    assert reread.events == [sent]
+
+
 async def test_sessions_are_listed_by_last_update_and_deleted_with_their_thread(app: str) -> None:
     service = QuicksaveSessionService()
     older = await service.create_session(app_name=app, user_id="ana", session_id="a")

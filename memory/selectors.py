@@ -140,8 +140,13 @@ def search_items(
     ns_sql, ns_params = _namespace_conditions(path, scope)
     conditions = ["NOT i.deleted"]
     params: dict[str, Any] = {}
+    wanted_sql = "NULL::bigint[]"
     if tokens:
-        conditions.append("i.tokens @> %(tokens)s::bigint[]")
+        # The filter's tokens as each namespace's items carry them (memory.filters), a column of
+        # `ns`, so the index scan of each namespace finds its matches alone.
+        mask = filters.MASK_SQL.format("n.id")
+        wanted_sql = f"ARRAY(SELECT t # {mask} FROM unnest(%(tokens)s::bigint[]) t)"
+        conditions.append("i.tokens @> ns.wanted")
         params["tokens"] = tokens
     if omit_expired:
         conditions.append("(i.expires_at IS NULL OR i.expires_at > now())")
@@ -151,7 +156,9 @@ def search_items(
     for position, value in enumerate(ns_params):
         named_ns = named_ns.replace("%s", f"%(ns{position})s", 1)
         params[f"ns{position}"] = value
-    namespaces = f"ns AS MATERIALIZED (SELECT n.id, n.path FROM memory_namespace n WHERE {named_ns})"
+    namespaces = (
+        f"ns AS MATERIALIZED (SELECT n.id, n.path, {wanted_sql} AS wanted FROM memory_namespace n WHERE {named_ns})"
+    )
     if vector is not None:
         dims = vector.dims
         params["query_vector"] = "[" + ",".join(repr(float(c)) for c in vector.embedding) + "]"

@@ -238,7 +238,7 @@ def put_item(
     if ttl_minutes is not None and not (math.isfinite(ttl_minutes) and ttl_minutes > 0):
         raise InvalidValue("ttl_minutes must be a positive number of minutes.", detail={"field": "ttl_minutes"})
     space = _space_for_write(path, scope)
-    tokens = filters.value_tokens(value)
+    tokens = filters.value_tokens(value, space.id)
 
     def attempt(head: Head | None) -> Written | None:
         _check_expected(head, expected_version)
@@ -254,9 +254,9 @@ def put_item(
                 "Items of a blackboard do not expire: leave ttl_minutes out (a lease expires instead).",
                 detail={"field": "ttl_minutes"},
             )
-        return _on_board(space, key, author, scope, fencing_token, attempt)
+        return _on_board(space, key, author, scope, fencing_token, attempt, guess_new=True)
     _check_token(fencing_token)
-    return _retrying(space, key, attempt)
+    return _retrying(space, key, attempt, guess_new=True)
 
 
 def _check_token(fencing_token: int | None) -> None:
@@ -269,24 +269,37 @@ def _check_token(fencing_token: int | None) -> None:
 
 def _on_board(
     space: spaces.Space, key: str, author: Author, scope: Scope, fencing_token: int | None,
-    attempt: Callable[[Head | None], Written | None],
+    attempt: Callable[[Head | None], Written | None], *, guess_new: bool = False,
 ) -> Any:  # fmt: skip
     """A write to a blackboard: under the board's lock, after its lease check, with its event."""
     with transaction.atomic():
         boards.guard_write(space, key, fencing_token, scope)
-        written = _retrying(space, key, attempt)
+        written = _retrying(space, key, attempt, guess_new=guess_new)
         if written is not _GONE:
             writer = {"writer": str(author.kind), "agent": author.agent_id, "user": author.user_id}
             boards.record_write(space, key=key, version=written.version, deleted=written.deleted, writer=writer)
     return written
 
 
-def _retrying(space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None]) -> Any:
+def _retrying(
+    space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None], *, guess_new: bool = False
+) -> Any:
     """`attempt` over the head this process knows (no read); if another writer moved the item
     meanwhile, again over the head read under a row lock, which no other writer can then move.
     A conflict with the expected version found on a remembered head is checked again on the
-    stored one: this process may not know the newest version."""
+    stored one: this process may not know the newest version.
+
+    With `guess_new` (a put), an item this process knows nothing of is first taken to be new:
+    its insert does nothing if the item exists, so a new key costs one statement, not a read
+    and a write, and an existing one costs the read it would have cost anyway, after it."""
     cached = heads.get(space.id, key)
+    if cached is None and guess_new:
+        try:
+            written = attempt(None)
+        except VersionConflict:  # an expected version other than 0: the item must exist
+            written = None
+        if written is not None:
+            return written
     try:
         written = attempt(cached or _load_head(space, key))
     except VersionConflict:

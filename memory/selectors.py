@@ -66,14 +66,20 @@ def _open_row(row: tuple[Any, ...], path: Path, score: float | None = None) -> t
     return found, ttl is not None
 
 
-def _space_for_read(path: Path, scope: Scope) -> spaces.Space | None:
-    space = spaces.find(path)
-    if space is None or not access.may_use(scope, space):
-        return None
+def _space_for_read(path: Path, scope: Scope, *, fresh: bool = False) -> spaces.Space | None:
+    """The namespace at `path` if the scope may read it; a refusal is decided on the namespace as
+    it is now, not as this process remembers it (memory.spaces)."""
+    space = spaces.find(path, fresh=fresh)
+    if space is not None and not access.may_use(scope, space):
+        return None if fresh else _space_for_read(path, scope, fresh=True)
     return space
 
 
-_GET_SQL = f"SELECT {_ITEM_COLUMNS}, i.deleted FROM memory_item i WHERE i.namespace_id = %s AND i.key = %s"
+# No row: the namespace was deleted since this process remembered it; a row of NULLs: no such item.
+_GET_SQL = (
+    f"SELECT {_ITEM_COLUMNS}, i.deleted FROM memory_namespace n "
+    "LEFT JOIN memory_item i ON i.namespace_id = n.id AND i.key = %s WHERE n.id = %s"
+)
 
 
 def get_item(
@@ -82,12 +88,11 @@ def get_item(
     """The item's current value, or None (no such item, deleted, or not the scope's to read)."""
     path, key = namespace_path(namespace), item_key(key)
     space = _space_for_read(path, scope)
-    if space is None:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(_GET_SQL, [space.id, key])
-        row = cursor.fetchone()
-    if row is None:
+    row = _get_row(space, key)
+    if row is _NO_NAMESPACE:
+        space = _space_for_read(path, scope, fresh=True)
+        row = _get_row(space, key)
+    if space is None or row is None or row is _NO_NAMESPACE:
         return None
     # A write that follows this read need not read the head again.
     heads.keep(space.id, key, Head(
@@ -103,6 +108,21 @@ def get_item(
     if has_ttl and refresh_ttl:
         store.refresh_expiry([found.item_id], live_only=omit_expired)
     return found
+
+
+_NO_NAMESPACE: Any = object()
+
+
+def _get_row(space: spaces.Space | None, key: str) -> tuple[Any, ...] | None:
+    """The item's row in `space` (None: no such item), or _NO_NAMESPACE when the space is gone."""
+    if space is None:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_GET_SQL, [key, space.id])
+        row = cursor.fetchone()
+    if row is None:
+        return _NO_NAMESPACE
+    return None if row[0] is None else row
 
 
 def _now() -> datetime:
@@ -310,8 +330,8 @@ class _Item:
     integrity: bytes
 
 
-def _item(path: Path, key: str, scope: Scope) -> _Item | None:
-    space = _space_for_read(path, scope)
+def _item(path: Path, key: str, scope: Scope, *, fresh: bool = False) -> _Item | None:
+    space = _space_for_read(path, scope, fresh=fresh)
     if space is None:
         return None
     with connection.cursor() as cursor:
@@ -321,7 +341,8 @@ def _item(path: Path, key: str, scope: Scope) -> _Item | None:
         )
         row = cursor.fetchone()
     if row is None:
-        return None
+        # The namespace this process remembers may have been deleted and made again since.
+        return None if fresh else _item(path, key, scope, fresh=True)
     sealing.check_head(
         row[3], item_id=row[0], namespace_id=space.id, key=key, version=row[1],
         value=bytes(row[4]) if row[4] is not None else None, integrity=bytes(row[2]),

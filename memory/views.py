@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from audit.trail import client_address
 from checkpoints.storage.jsonpatch import make_patch
@@ -69,9 +70,16 @@ def tree(paths: list[Path], selected: Path) -> list[TreeNode]:
     return [TreeNode(p[-1], len(p) - 1, _query(p), p == selected) for p in prefixes]
 
 
+def _live_query(path: Path, key: str | None = None) -> str:
+    """The query of the page's socket (memory.consumers.PageConsumer): what it shows, as of now
+    (taken before the page reads, so a write it may have missed counts as a change)."""
+    return _query(path, key=key, since=timezone.now().isoformat())
+
+
 @_viewer
 def browse(request: HttpRequest) -> HttpResponse:
     path = _labels(request)
+    live_query = _live_query(path)
     form = BrowseForm(request.GET)
     if not form.is_valid():
         return render(request, "memory/browse.html", {"nav": "memory", "form": form, "path": path}, status=400)
@@ -96,6 +104,7 @@ def browse(request: HttpRequest) -> HttpResponse:
         "page": page,
         "previous_query": _query(path, q=query, page=page - 1 if page > 2 else None) if page > 1 else None,
         "next_query": _query(path, q=query, page=page + 1) if len(found) > PAGE else None,
+        "live_query": live_query,
     }
     return render(request, "memory/browse.html", context)
 
@@ -147,6 +156,7 @@ def _item_key(request: HttpRequest) -> str:
 @_viewer
 def item(request: HttpRequest) -> HttpResponse:
     path, key = _labels(request), _item_key(request)
+    live_query = _live_query(path, key)
     current = selectors.get_item(namespace=path, key=key, scope=EVERYTHING)
     history = selectors.item_history(namespace=path, key=key, scope=EVERYTHING, limit=HISTORY + 1)
     if history is None:
@@ -186,6 +196,7 @@ def item(request: HttpRequest) -> HttpResponse:
         "can_change": can_change,
         "edit_form": edit_form,
         "here": _query(path, key=key),
+        "live_query": live_query,
     }
     return render(request, "memory/item.html", context, status=400 if edit_form.errors else 200)
 

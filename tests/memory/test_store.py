@@ -245,6 +245,22 @@ def test_a_deleted_item_another_process_wrote_is_put_again_as_its_next_version()
     assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
 
 
+def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1})  # the namespace, made and remembered
+    Namespace.objects.filter(path=list(NS)).delete()  # by another process: this one still remembers it
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is None
+
+    again = put({"v": "again"})
+
+    assert (again.version, again.created) == (1, True)
+    found = selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
+    assert found is not None and found.value == {"v": "again"}
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_of_one_item_each_get_their_own_version() -> None:
     put({"writer": "none", "n": 0})

@@ -1,0 +1,65 @@
+"""The changes of items that the memory browser's open pages follow: every committed put or delete
+goes to one channel-layer group (`GROUP`) through checkpoints.live's publisher, which sends what
+queued up in a round as one message, so a busy writer costs one send per round, not per write.
+
+A page asks for the changes under its namespace (and of its item) only (memory.consumers). Pages
+keep no sequence of these: a page that connects, or reconnects, asks whether anything it shows
+changed since it was rendered (`changed_since`), and fetches itself again if so. A message names
+the namespace, key, version and writer, never the value (that stays sealed in the item).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connection
+
+from checkpoints import live
+from memory.paths import Path
+
+GROUP = "memory.items"
+ITEM_WRITTEN = "item.written"
+ITEM_DELETED = "item.deleted"
+CHANGED = "memory.changed"
+# What `changed_since` allows for: a version's time is taken by its writer before its commit, on
+# that process's clock, so a write a page missed may carry a time a little before the page's.
+MARGIN = timedelta(seconds=2)
+
+
+def announce_on_commit(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> None:
+    """Once the current transaction commits, tell the pages watching that the item changed."""
+    live.send_on_commit(GROUP, message(path=path, key=key, version=version, deleted=deleted, writer=writer))
+
+
+def message(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> dict[str, Any]:
+    """A change as the pages' socket sends it."""
+    kind = ITEM_DELETED if deleted else ITEM_WRITTEN
+    return {"type": kind, "seq": 0, "namespace": list(path), "key": key, "data": {"version": version, **writer}}
+
+
+def concerns(event: dict[str, Any], *, prefix: Path, key: str | None) -> bool:
+    """Whether a change is of an item under `prefix` (and is `key`, if given)."""
+    namespace = event.get("namespace") or []
+    return tuple(namespace[: len(prefix)]) == prefix and (key is None or event.get("key") == key)
+
+
+def changed_since(*, prefix: Path, key: str | None, since: datetime) -> bool:
+    """Whether an item under `prefix` (`key`, if given) was written or deleted after `since`
+    (less MARGIN)."""
+    conditions = ["i.updated_at > %s"]
+    params: list[Any] = [since - MARGIN]
+    if key is not None:
+        conditions.append("n.path = %s::text[] AND i.key = %s")
+        params.extend([list(prefix), key])
+    elif prefix:
+        conditions.append(f"n.path[1:{len(prefix)}] = %s::text[]")
+        params.append(list(prefix))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM memory_item i JOIN memory_namespace n ON n.id = i.namespace_id "
+            f"WHERE {' AND '.join(conditions)})",
+            params,
+        )
+        row = cursor.fetchone()
+    return bool(row and row[0])

@@ -1,6 +1,8 @@
 """The changes of items that the memory browser's open pages follow: every committed put or delete
-goes to one channel-layer group (`GROUP`) through checkpoints.live's publisher, which sends what
-queued up in a round as one message, so a busy writer costs one send per round, not per write.
+goes to one channel-layer group (`GROUP`) through checkpoints.live's publisher. A process holds
+its changes for FLUSH_SECONDS and hands them over together, which the publisher sends as one
+message: a busy writer costs a few sends a second, not one per write (a page a quarter of a
+second late is not one anybody notices, a put that pays for a send is).
 
 A page asks for the changes under its namespace (and of its item) only (memory.consumers). Pages
 keep no sequence of these: a page that connects, or reconnects, asks whether anything it shows
@@ -10,10 +12,12 @@ the namespace, key, version and writer, never the value (that stays sealed in th
 
 from __future__ import annotations
 
+import functools
+import threading
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from checkpoints import live
 from memory.paths import Path
@@ -25,11 +29,39 @@ CHANGED = "memory.changed"
 # What `changed_since` allows for: a version's time is taken by its writer before its commit, on
 # that process's clock, so a write a page missed may carry a time a little before the page's.
 MARGIN = timedelta(seconds=2)
+FLUSH_SECONDS = 0.25
+
+
+class _Outbox:
+    """This process's committed changes not yet handed to the publisher, and the timer that will."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: list[dict[str, Any]] = []
+        self._timer: threading.Timer | None = None
+
+    def add(self, payload: dict[str, Any]) -> None:
+        with self._lock:
+            self._pending.append(payload)
+            if self._timer is None:
+                self._timer = threading.Timer(FLUSH_SECONDS, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending, self._timer = self._pending, [], None
+        for payload in pending:
+            live.send(GROUP, payload)
+
+
+_outbox = _Outbox()
 
 
 def announce_on_commit(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> None:
     """Once the current transaction commits, tell the pages watching that the item changed."""
-    live.send_on_commit(GROUP, message(path=path, key=key, version=version, deleted=deleted, writer=writer))
+    payload = message(path=path, key=key, version=version, deleted=deleted, writer=writer)
+    transaction.on_commit(functools.partial(_outbox.add, payload))
 
 
 def message(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> dict[str, Any]:
@@ -63,3 +95,8 @@ def changed_since(*, prefix: Path, key: str | None, since: datetime) -> bool:
         )
         row = cursor.fetchone()
     return bool(row and row[0])
+
+
+def flush() -> None:
+    """Hand this process's held changes to the publisher now (tests use it, with live.flush)."""
+    _outbox.flush()

@@ -13,6 +13,7 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser, User
 from django.utils import timezone
 
+from checkpoints import live
 from memory import changes, store
 from memory.access import EVERYTHING
 from quicksave.roles import grant_role
@@ -74,6 +75,12 @@ def write(labels: tuple[str, ...], key: str, value: Any = None) -> None:
         store.put_item(namespace=labels, key=key, value=value, author=author, scope=EVERYTHING)
 
 
+def sent() -> None:
+    """Every change written so far is on its way to the sockets (none arrives after this)."""
+    changes.flush()
+    live.flush()
+
+
 @pytest.mark.parametrize(
     ("who", "url", "expected"),
     [
@@ -99,6 +106,7 @@ async def test_who_may_follow_the_browsers_pages(application: Any, who: str, url
 
 async def test_a_namespace_page_hears_of_writes_and_deletions_under_it_only(application: Any) -> None:
     await sync_to_async(write)(NS, "prefs", {"seat": "aisle"})
+    await sync_to_async(sent)()
     # Rendered after that write (by more than the margin a write's clock is allowed).
     communicator = await follow(application, path(("users",), since=timezone.now() + changes.MARGIN))
     assert await handshake(communicator) is None
@@ -137,6 +145,7 @@ async def test_an_item_page_hears_of_its_own_item_only(application: Any) -> None
 async def test_a_write_between_the_render_and_the_socket_is_announced_on_connect(application: Any) -> None:
     rendered = timezone.now() - timedelta(minutes=1)
     await sync_to_async(write)(NS, "prefs", {"seat": "aisle"})
+    await sync_to_async(sent)()
 
     missed = await follow(application, path(key="prefs", since=rendered))
     assert await handshake(missed) is None

@@ -89,6 +89,10 @@ class SearchQuery(StrictQuery):
 
 class ItemQuery(StrictQuery):
     as_of = serializers.DateTimeField(required=False, help_text="The item as it was at this time (ISO 8601).")
+    thread = serializers.UUIDField(
+        required=False, help_text="The thread this read is made from: the item's history names it among its readers."
+    )
+    checkpoint = serializers.UUIDField(required=False, help_text="The checkpoint of that thread it is made from.")
 
 
 class DeleteQuery(StrictQuery):

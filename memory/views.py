@@ -1,5 +1,6 @@
 """The memory browser: namespaces as a tree, items with search, an item's versions with what each
-changed and where it was written from; admins edit an item or roll it back, with a reason."""
+changed and where it was written from, and the threads that read it; admins edit an item or roll
+it back, with a reason. Open pages follow the items they show (static/js/memory.js)."""
 
 from __future__ import annotations
 
@@ -184,6 +185,7 @@ def item(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Saved as version {written.version}.")
                 return redirect(f"{request.path}?{_query(path, key=key)}")
     rows = _rows(history[:HISTORY])
+    read_by = selectors.item_reads(namespace=path, key=key, scope=EVERYTHING, limit=HISTORY)
     context = {
         "nav": "memory",
         "path": path,
@@ -193,6 +195,7 @@ def item(request: HttpRequest) -> HttpResponse:
         "current_json": _pretty(current.value) if current else None,
         "rows": rows,
         "more": len(history) > HISTORY,
+        "read_by": read_by,
         "can_change": can_change,
         "edit_form": edit_form,
         "here": _query(path, key=key),

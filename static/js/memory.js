@@ -6,7 +6,9 @@ import { connectFeed, fetchThisPage } from "./live.js";
 
 const THROTTLE_MS = 1000;
 // The regions each page takes from its fresh copy: the item page, then the namespace page.
-const REGIONS = ["memory-subtitle", "memory-value-card", "memory-history-card", "memory-tree", "memory-results"];
+const REGIONS = [
+  "memory-subtitle", "memory-value-card", "memory-history-card", "memory-reads-card", "memory-tree", "memory-results",
+];
 let running = false;
 let again = false;
 

@@ -11,15 +11,13 @@ from checkpoints import live, sockets, storage
 from checkpoints.access import visible_threads
 from quicksave import logs
 
-REPLAY_BATCH = 500
-
 
 def _can_view(principal: Any, thread_id: str) -> bool:
     return visible_threads(principal).filter(pk=thread_id).exists()
 
 
-def _events_after(thread_id: str, seq: int) -> list[dict[str, Any]]:
-    events = storage.events_after(thread_id=thread_id, seq=seq, limit=REPLAY_BATCH)
+def _events_after(thread_id: str, seq: int, limit: int) -> list[dict[str, Any]]:
+    events = storage.events_after(thread_id=thread_id, seq=seq, limit=limit)
     return [live.message(thread_id=thread_id, seq=number, type=kind, data=data) for number, kind, data in events]
 
 
@@ -33,12 +31,8 @@ def after_seq(scope: dict[str, Any]) -> int | None:
     return seq if seq >= 0 else None
 
 
-class ThreadConsumer(sockets.EventConsumer):
-    """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
-
-    Consumers handle one message at a time, so live events that arrive during the
-    replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay.
-    """
+class ThreadConsumer(sockets.OrderedFeed):
+    """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones."""
 
     feed = "thread"
 
@@ -58,28 +52,10 @@ class ThreadConsumer(sockets.EventConsumer):
         if not await self.join(live.thread_group(self.thread_id)):
             return
         await self.accept()
-        await self._replay()
+        await self.replay()
 
-    async def live_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
-        if event["seq"] <= self.last_seq:
-            return
-        if event["seq"] > self.last_seq + 1:
-            await self._replay()  # something was missed on the way: the table has it
-            return
-        await self._send(event)
-
-    async def _replay(self) -> None:
-        while True:
-            events = await database_sync_to_async(_events_after)(self.thread_id, self.last_seq)
-            for event in events:
-                await self._send(event)
-            if len(events) < REPLAY_BATCH:
-                return
-
-    async def _send(self, event: dict[str, Any]) -> None:
-        self.last_seq = event["seq"]
-        await self.send_json(event)
+    async def events_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
+        return await database_sync_to_async(_events_after)(self.thread_id, seq, limit)
 
 
 def _sees_every_thread(principal: Any) -> bool:

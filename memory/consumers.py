@@ -1,5 +1,5 @@
 """Memory's websockets: one blackboard's events (replay what a client missed, then forward live
-ones in order, as a thread's socket does, checkpoints.consumers), for agents whose key may use
+ones in order: checkpoints.sockets.OrderedFeed, as a thread's socket), for agents whose key may use
 the board and people with the viewer role; and the changes of items under a namespace, which the
 memory browser's open pages follow (memory.changes), for people with the viewer role."""
 
@@ -22,7 +22,6 @@ from memory.access import Scope, scope_for_reading
 from memory.errors import MemoryStoreError
 from memory.paths import Path, item_key, namespace_path, parse_dotted
 
-REPLAY_BATCH = 500
 # How long a check that the socket's agent may still use the board holds: a revoked grant closes
 # the socket (4404) before the first event it sends this long after the revocation.
 ACCESS_RECHECK_SECONDS = 1.0
@@ -40,7 +39,7 @@ def _board(principal: Any, dotted: str) -> tuple[spaces.Space, Scope] | int:
         return 4404
 
 
-class BoardConsumer(sockets.EventConsumer):
+class BoardConsumer(sockets.OrderedFeed):
     """`/ws/memory/boards/{namespace}/?after_seq=N`: the board's events with seq > N from the table,
     then live ones; a gap in seq replays from the table."""
 
@@ -62,40 +61,19 @@ class BoardConsumer(sockets.EventConsumer):
         if not await self.join(boards.group(self.space.id)):
             return
         await self.accept()
-        await self._replay()
+        await self.replay()
 
-    async def live_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
-        if event["seq"] <= self.last_seq:
-            return
-        if not await self._still_allowed():
-            await self.close(code=4404)  # the grant that let this agent see the board was revoked
-            return
-        if event["seq"] > self.last_seq + 1:
-            await self._replay()  # missed on the way: the table has it
-            return
-        await self._send(event)
+    async def events_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
+        return await database_sync_to_async(boards.events_after)(space=self.space, seq=seq, limit=limit)
 
-    async def _still_allowed(self) -> bool:
+    async def still_allowed(self) -> bool:
+        """False once the grant that let this agent see the board is revoked (checked at most every
+        ACCESS_RECHECK_SECONDS)."""
         if time.monotonic() - self.checked_at < ACCESS_RECHECK_SECONDS:
             return True
         allowed = await database_sync_to_async(access.may_use)(self.memory_scope, self.space)
         self.checked_at = time.monotonic()
         return allowed
-
-    async def _replay(self) -> None:
-        while True:
-            events = await database_sync_to_async(boards.events_after)(
-                space=self.space, seq=self.last_seq, limit=REPLAY_BATCH
-            )
-            for event in events:
-                await self._send(event)
-            if len(events) < REPLAY_BATCH:
-                return
-
-    async def _send(self, event: dict[str, Any]) -> None:
-        self.last_seq = event["seq"]
-        await self.send_json(event)
 
 
 @dataclass(frozen=True, slots=True)

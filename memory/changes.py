@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,24 +34,35 @@ FLUSH_SECONDS = 0.25
 
 
 class _Outbox:
-    """This process's committed changes not yet handed to the publisher, and the timer that will."""
+    """This process's committed changes not yet handed to the publisher, and the daemon thread
+    that hands them over FLUSH_SECONDS after the first of them (a writer only appends to a list)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: list[dict[str, Any]] = []
-        self._timer: threading.Timer | None = None
+        self._waiting = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def add(self, payload: dict[str, Any]) -> None:
         with self._lock:
             self._pending.append(payload)
-            if self._timer is None:
-                self._timer = threading.Timer(FLUSH_SECONDS, self.flush)
-                self._timer.daemon = True
-                self._timer.start()
+            first = len(self._pending) == 1
+            if first and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(target=self._run, name="memory-changes", daemon=True)
+                self._thread.start()
+        if first:
+            self._waiting.set()
+
+    def _run(self) -> None:
+        while True:
+            self._waiting.wait()
+            time.sleep(FLUSH_SECONDS)
+            self._waiting.clear()
+            self.flush()
 
     def flush(self) -> None:
         with self._lock:
-            pending, self._pending, self._timer = self._pending, [], None
+            pending, self._pending = self._pending, []
         for payload in pending:
             live.send(GROUP, payload)
 
@@ -61,7 +73,10 @@ _outbox = _Outbox()
 def announce_on_commit(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> None:
     """Once the current transaction commits, tell the pages watching that the item changed."""
     payload = message(path=path, key=key, version=version, deleted=deleted, writer=writer)
-    transaction.on_commit(functools.partial(_outbox.add, payload))
+    if connection.in_atomic_block:
+        transaction.on_commit(functools.partial(_outbox.add, payload))
+    else:
+        _outbox.add(payload)  # committed already (autocommit)
 
 
 def message(*, path: Path, key: str, version: int, deleted: bool, writer: dict[str, Any]) -> dict[str, Any]:

@@ -386,7 +386,8 @@ def _write(
     item = {
         "item": item_id, "namespace": space.id, "key": key, "version": version, "previous": version - 1,
         "deleted": False, "value": sealed_value, "value_bytes": len(canonical), "integrity": integrity,
-        "head_mac": head_mac, "tokens": tokens, "indexed": bool(entries), "since_snapshot": since_snapshot,
+        "head_mac": head_mac, "tokens": _bigint_array(tokens), "indexed": bool(entries),
+        "since_snapshot": since_snapshot,
         "created_at": created_at, "updated_at": now, "expires_at": expires_at, "ttl": ttl_minutes,
     }  # fmt: skip
     row = {
@@ -412,6 +413,12 @@ def _write(
 
 # Nothing, rather than a foreign-key error, in a namespace deleted since this process remembered it
 # (the statement's last column says so: memory.spaces).
+def _bigint_array(numbers: list[int] | None) -> str | None:
+    """A bigint[] as its text literal: psycopg adapts a list of ints element by element, which
+    cost a put more than anything else it sends."""
+    return None if numbers is None else "{" + ",".join(map(str, numbers)) + "}"
+
+
 _INSERT_ITEM = """
     INSERT INTO memory_item (id, namespace_id, key, version, deleted, value, value_bytes, integrity, head_mac,
         tokens, indexed, since_snapshot, created_at, updated_at, expires_at, ttl_minutes)

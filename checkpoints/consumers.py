@@ -25,15 +25,13 @@ from quicksave import logs
 
 log = logging.getLogger(__name__)
 
-REPLAY_BATCH = 500
-
 
 def _can_view(principal: Any, thread_id: str) -> bool:
     return visible_threads(principal).filter(pk=thread_id).exists()
 
 
-def _events_after(thread_id: str, seq: int) -> list[dict[str, Any]]:
-    events = storage.events_after(thread_id=thread_id, seq=seq, limit=REPLAY_BATCH)
+def _events_after(thread_id: str, seq: int, limit: int) -> list[dict[str, Any]]:
+    events = storage.events_after(thread_id=thread_id, seq=seq, limit=limit)
     return [live.message(thread_id=thread_id, seq=number, type=kind, data=data) for number, kind, data in events]
 
 
@@ -47,22 +45,14 @@ def after_seq(scope: dict[str, Any]) -> int | None:
     return seq if seq >= 0 else None
 
 
-class ThreadConsumer(sockets.EventConsumer):
-    """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones.
-
-    Consumers handle one message at a time, so live events that arrive during the
-    replay wait their turn; `last_seq` drops duplicates and a gap triggers a replay. The tail
-    watch's catch-up takes its turn with them under `_in_order`.
-    """
+class ThreadConsumer(sockets.OrderedFeed):
+    """`/ws/threads/{id}/?after_seq=N`: events with seq > N from the table, then live ones."""
 
     feed = "thread"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.thread_id = ""
-        self.last_seq = 0
-        # Live events and the tail watch's catch-up take turns: each sends in seq order.
-        self._in_order = asyncio.Lock()
 
     async def connect(self) -> None:
         self.thread_id = str(self.scope["url_route"]["kwargs"]["thread_id"])
@@ -80,41 +70,15 @@ class ThreadConsumer(sockets.EventConsumer):
         if not await self.join(live.thread_group(self.thread_id)):
             return
         await self.accept()
-        async with self._in_order:
-            await self._replay()
+        await self.replay()
         _current_tail_watch().add(self)
 
     async def disconnect(self, code: int) -> None:
         _current_tail_watch().discard(self)
         await super().disconnect(code)
 
-    async def live_event(self, message: dict[str, Any]) -> None:
-        event = message["event"]
-        async with self._in_order:
-            if event["seq"] <= self.last_seq:
-                return
-            if event["seq"] > self.last_seq + 1:
-                await self._replay()  # something was missed on the way: the table has it
-                return
-            await self._send(event)
-
-    async def catch_up(self, latest: int) -> None:
-        """The thread's events reach `latest`: replay those that have not come live."""
-        async with self._in_order:
-            if latest > self.last_seq and not self.closed:
-                await self._replay()
-
-    async def _replay(self) -> None:
-        while True:
-            events = await database_sync_to_async(_events_after)(self.thread_id, self.last_seq)
-            for event in events:
-                await self._send(event)
-            if len(events) < REPLAY_BATCH:
-                return
-
-    async def _send(self, event: dict[str, Any]) -> None:
-        self.last_seq = event["seq"]
-        await self.send_json(event)
+    async def events_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
+        return await database_sync_to_async(_events_after)(self.thread_id, seq, limit)
 
 
 def _latest_event_seqs(thread_ids: set[str]) -> dict[str, int]:

@@ -288,6 +288,12 @@ def send_on_commit(group: str, payload: dict[str, Any]) -> None:
     transaction.on_commit(functools.partial(_publisher.send, group, payload, trace=telemetry.current_carrier()))
 
 
+def send(group: str, payload: dict[str, Any]) -> None:
+    """Send an event of another feed to `group` through this process's publisher now: what it
+    tells of is committed already (send_on_commit waits for that)."""
+    _publisher.send(group, payload, trace=telemetry.current_carrier())
+
+
 def close_sockets_on_commit(group: str) -> None:
     """Once the current transaction commits, close the sockets in `group` (agent_key_group,
     session_group) with 4401 on every server process. A process that misses the message closes

@@ -317,6 +317,67 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             await self.live_event({"event": event})
 
 
+class OrderedFeed(EventConsumer):
+    """A socket of one ordered feed (a thread's events, a board's): `replay` sends the events after
+    the client's `last_seq` from the table, in batches; then live events are forwarded in order,
+    one already sent is dropped, and a gap (an event lost on the way) replays from the table.
+
+    Consumers handle one message at a time, so live events that arrive during the replay wait
+    their turn. A subclass reads the table (`events_after`) and may stop following (`still_allowed`:
+    False closes the socket with 4404 before the next event)."""
+
+    REPLAY_BATCH = 500
+    last_seq = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Live events, the replay on connect and a catch-up from another task (the thread sockets'
+        # tail watch) take turns: each sends in seq order.
+        self._in_order = asyncio.Lock()
+
+    async def events_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
+        raise NotImplementedError
+
+    async def still_allowed(self) -> bool:
+        return True
+
+    async def live_event(self, message: dict[str, Any]) -> None:
+        event = message["event"]
+        async with self._in_order:
+            if event["seq"] <= self.last_seq:
+                return
+            if not await self.still_allowed():
+                await self.close(code=4404)
+                return
+            if event["seq"] > self.last_seq + 1:
+                await self._replay()  # something was missed on the way: the table has it
+                return
+            await self._forward(event)
+
+    async def replay(self) -> None:
+        """Send what the table holds after `last_seq`."""
+        async with self._in_order:
+            await self._replay()
+
+    async def catch_up(self, latest: int) -> None:
+        """The feed's events reach `latest`: replay those that have not come live."""
+        async with self._in_order:
+            if latest > self.last_seq and not self.closed:
+                await self._replay()
+
+    async def _replay(self) -> None:
+        while True:
+            events = await self.events_after(self.last_seq, self.REPLAY_BATCH)
+            for event in events:
+                await self._forward(event)
+            if len(events) < self.REPLAY_BATCH:
+                return
+
+    async def _forward(self, event: dict[str, Any]) -> None:
+        self.last_seq = event["seq"]
+        await self.send_json(event)
+
+
 class NoRoute(AsyncWebsocketConsumer):
     """Any websocket path that is not one of ours (or not a thread id): refused with 4404, as a
     thread the caller may not see is, instead of the router's error."""

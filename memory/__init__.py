@@ -6,7 +6,9 @@ Its public surface, what the API, the SDK's endpoints and integrations.langgraph
 - `memory.store`: the writes, one function each — `put_item`, `delete_item`, `refresh_expiry`,
   `sweep_expired` — with who wrote (`Author`) and from where (`Origin`);
 - `memory.selectors`: the reads — `get_item`, `item_as_of`, `search_items`, `list_namespaces`,
-  `item_history`, `verify_item`;
+  `item_history`, `item_reads`, `verify_item`; a read made from a thread (`memory.reads.Reader`)
+  is recorded by `memory.reads`, a moment later, in one statement for many;
+- `memory.changes`: every committed write, for the memory browser's open pages (`memory.consumers`);
 - `memory.access`: whose memory a caller sees (`Scope`), and `memory.sharing`: grants between
   agents, audited;
 - `memory.texts.IndexText` and `memory.vectors` (pgvector where the server has it);

@@ -27,7 +27,7 @@ from rest_framework.views import APIView
 from audit.trail import client_address
 from checkpoints.access import visible_threads
 from checkpoints.models import Checkpoint
-from memory import boards, selectors, sharing, store
+from memory import boards, reads, selectors, sharing, store
 from memory.access import check_can_share, scope_for_reading, scope_for_writing
 from memory.errors import InvalidNamespace
 from memory.models import Namespace, NamespaceGrant
@@ -241,14 +241,19 @@ class ItemView(APIView):
         responses=ItemSerializer,
     )  # fmt: skip
     def get(self, request: Request, namespace: str, key: str) -> Response:
-        """The item now, or as it was at `as_of`; 404 when there is none (or it is not yours to read)."""
+        """The item now, or as it was at `as_of`; 404 when there is none (or it is not yours to read). A read
+        naming its `thread` (and `checkpoint`) is recorded in the item's history of readers."""
         scope = scope_for_reading(request.user)
         params = _query(ItemQuery, request)
         path, key = _path(namespace), _key(key)
+        origin = _origin(request.user, params.get("thread"), params.get("checkpoint"))
         if params.get("as_of") is not None:
             found = selectors.item_as_of(namespace=path, key=key, scope=scope, at=params["as_of"])
         else:
-            found = selectors.get_item(namespace=path, key=key, scope=scope, refresh_ttl=True)
+            reader = None
+            if origin.thread_id is not None:
+                reader = reads.Reader(thread_id=origin.thread_id, checkpoint_id=origin.checkpoint_id)
+            found = selectors.get_item(namespace=path, key=key, scope=scope, refresh_ttl=True, reader=reader)
         if found is None:
             raise NotFound(f"There is no item {key!r} in {dotted(path)}.")
         return Response(_item(found))

@@ -148,6 +148,27 @@ class ItemVersion(models.Model):
         return f"{self.item_id} v{self.version}"
 
 
+class ItemRead(models.Model):
+    """A version of an item read from a thread (and the checkpoint it was at, when known), when:
+    recorded by memory.reads a moment after the read. Thread and checkpoint are plain ids, as a
+    version's are: the record outlives them."""
+
+    id = models.BigAutoField(primary_key=True)
+    # No constraint in the database: the recording thread's insert must never block, or be blocked
+    # by, the deletion of a namespace (which deletes its items' reads first, then the items).
+    item = models.ForeignKey(Item, on_delete=models.CASCADE, db_constraint=False, related_name="reads", db_index=False)
+    version = models.IntegerField()
+    thread_id = models.UUIDField()
+    checkpoint_id = models.UUIDField(null=True, blank=True)
+    read_at = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["item", "-read_at"], name="memory_read_item_recent")]
+
+    def __str__(self) -> str:
+        return f"{self.item_id} v{self.version} read by {self.thread_id}"
+
+
 class IndexEntry(models.Model):
     """Text of an item's indexed field, for search: full-text lexemes always, and the embedding
     an IndexConfig's function made of it, searched with pgvector where the server has it.

@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from checkpoints.storage.errors import IntegrityFailure
 from checkpoints.storage.jsonpatch import apply_patch
-from memory import access, filters, heads, sealing, spaces, store
+from memory import access, filters, heads, reads, sealing, spaces, store
 from memory.access import Scope
 from memory.errors import NoVectorSearch
 from memory.heads import Head
@@ -66,28 +66,47 @@ def _open_row(row: tuple[Any, ...], path: Path, score: float | None = None) -> t
     return found, ttl is not None
 
 
-def _space_for_read(path: Path, scope: Scope) -> spaces.Space | None:
-    space = spaces.find(path)
-    if space is None or not access.may_use(scope, space):
-        return None
+def _space_for_read(path: Path, scope: Scope, *, fresh: bool = False) -> spaces.Space | None:
+    """The namespace at `path` if the scope may read it; a refusal is decided on the namespace as
+    it is now, not as this process remembers it (memory.spaces)."""
+    space = spaces.find(path, fresh=fresh)
+    if space is not None and not access.may_use(scope, space):
+        return None if fresh else _space_for_read(path, scope, fresh=True)
     return space
 
 
-_GET_SQL = f"SELECT {_ITEM_COLUMNS}, i.deleted FROM memory_item i WHERE i.namespace_id = %s AND i.key = %s"
+# A LangGraph reader's thread and its head checkpoint now, found by the same statement as the items read.
+_READER_SQL = (
+    "(SELECT ARRAY[t.id, t.head_id] FROM checkpoints_thread t "
+    "WHERE t.agent_id = %(reader_agent)s AND t.external_id = %(reader_thread)s)"
+)
+# No row: the namespace was deleted since this process remembered it; a row of NULLs: no such item.
+_GET_SQL = (
+    f"SELECT {_ITEM_COLUMNS}, i.deleted, {{reader}} FROM memory_namespace n "
+    "LEFT JOIN memory_item i ON i.namespace_id = n.id AND i.key = %(key)s WHERE n.id = %(namespace)s"
+)
+_GET_PLAIN_SQL = _GET_SQL.format(reader="NULL")
+_GET_READER_SQL = _GET_SQL.format(reader=_READER_SQL)
 
 
 def get_item(
-    *, namespace: Path | list[str], key: str, scope: Scope, refresh_ttl: bool = False, omit_expired: bool = False
+    *,
+    namespace: Path | list[str],
+    key: str,
+    scope: Scope,
+    refresh_ttl: bool = False,
+    omit_expired: bool = False,
+    reader: reads.Reader | None = None,
 ) -> Found | None:
-    """The item's current value, or None (no such item, deleted, or not the scope's to read)."""
+    """The item's current value, or None (no such item, deleted, or not the scope's to read). A
+    read from a thread (`reader`) is recorded (memory.reads)."""
     path, key = namespace_path(namespace), item_key(key)
     space = _space_for_read(path, scope)
-    if space is None:
-        return None
-    with connection.cursor() as cursor:
-        cursor.execute(_GET_SQL, [space.id, key])
-        row = cursor.fetchone()
-    if row is None:
+    row = _get_row(space, key, reader)
+    if row is _NO_NAMESPACE:
+        space = _space_for_read(path, scope, fresh=True)
+        row = _get_row(space, key, reader)
+    if space is None or row is None or row is _NO_NAMESPACE:
         return None
     # A write that follows this read need not read the head again.
     heads.keep(space.id, key, Head(
@@ -102,7 +121,43 @@ def get_item(
     found, has_ttl = _open_row(row, path)
     if has_ttl and refresh_ttl:
         store.refresh_expiry([found.item_id], live_only=omit_expired)
+    if reader is not None:
+        _record_read(found, reader, resolved=row[14] if reader.by_external_id else None)
     return found
+
+
+def _reader_params(reader: reads.Reader) -> dict[str, int | str | None]:
+    return {"reader_agent": reader.agent_id, "reader_thread": reader.external_id}
+
+
+def _record_read(found: Found, reader: reads.Reader, *, resolved: list[UUID | None] | None) -> None:
+    thread_id, checkpoint_id = reader.thread_id, reader.checkpoint_id
+    if resolved:
+        thread_id, checkpoint_id = resolved[0], resolved[1]
+    if thread_id is not None:
+        reads.record(reads.Read(item_id=found.item_id, version=found.version, thread_id=thread_id,
+                                checkpoint_id=checkpoint_id, read_at=_now()))  # fmt: skip
+
+
+_NO_NAMESPACE: Any = object()
+
+
+def _get_row(space: spaces.Space | None, key: str, reader: reads.Reader | None) -> tuple[Any, ...] | None:
+    """The item's row in `space` (None: no such item), or _NO_NAMESPACE when the space is gone; with a
+    LangGraph reader, its thread and head checkpoint as a last column."""
+    if space is None:
+        return None
+    sql = _GET_PLAIN_SQL
+    params: dict[str, Any] = {"key": key, "namespace": space.id}
+    if reader is not None and reader.by_external_id:
+        sql = _GET_READER_SQL
+        params.update(_reader_params(reader))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return _NO_NAMESPACE
+    return None if row[0] is None else row
 
 
 def _now() -> datetime:
@@ -128,10 +183,12 @@ def search_items(
     offset: int = 0,
     refresh_ttl: bool = False,
     omit_expired: bool = False,
+    reader: reads.Reader | None = None,
 ) -> list[Found]:
     """Items under `prefix` that match `filter`, newest first; with `vector`, nearest first (pgvector);
     with a text `query` alone, those whose indexed fields have its words first, best first
-    (full-text search), then the rest, newest first."""
+    (full-text search), then the rest, newest first. The items found by a search from a thread
+    (`reader`) are recorded as read by it (memory.reads)."""
     path = namespace_path(prefix, field="prefix", allow_empty=True)
     wanted = filters.check(filter)
     tokens, exact = filters.filter_tokens(wanted)
@@ -140,8 +197,13 @@ def search_items(
     ns_sql, ns_params = _namespace_conditions(path, scope)
     conditions = ["NOT i.deleted"]
     params: dict[str, Any] = {}
+    wanted_sql = "NULL::bigint[]"
     if tokens:
-        conditions.append("i.tokens @> %(tokens)s::bigint[]")
+        # The filter's tokens as each namespace's items carry them (memory.filters), a column of
+        # `ns`, so the index scan of each namespace finds its matches alone.
+        mask = filters.MASK_SQL.format("n.id")
+        wanted_sql = f"ARRAY(SELECT t # {mask} FROM unnest(%(tokens)s::bigint[]) t)"
+        conditions.append("i.tokens @> ns.wanted")
         params["tokens"] = tokens
     if omit_expired:
         conditions.append("(i.expires_at IS NULL OR i.expires_at > now())")
@@ -151,7 +213,13 @@ def search_items(
     for position, value in enumerate(ns_params):
         named_ns = named_ns.replace("%s", f"%(ns{position})s", 1)
         params[f"ns{position}"] = value
-    namespaces = f"ns AS MATERIALIZED (SELECT n.id, n.path FROM memory_namespace n WHERE {named_ns})"
+    namespaces = (
+        f"ns AS MATERIALIZED (SELECT n.id, n.path, {wanted_sql} AS wanted FROM memory_namespace n WHERE {named_ns})"
+    )
+    reader_sql = "NULL"
+    if reader is not None and reader.by_external_id:
+        reader_sql = _READER_SQL
+        params.update(_reader_params(reader))
     if vector is not None:
         dims = vector.dims
         params["query_vector"] = "[" + ",".join(repr(float(c)) for c in vector.embedding) + "]"
@@ -160,7 +228,7 @@ def search_items(
             f"WITH {namespaces}, near AS (SELECT x.item_id, {distance} AS distance FROM memory_indexentry x "
             f"WHERE x.dims = {int(dims)} AND x.namespace_id IN (SELECT id FROM ns) ORDER BY {distance} "
             "LIMIT %(expanded)s), best AS (SELECT item_id, min(distance) AS distance FROM near GROUP BY item_id) "
-            f"SELECT {_ITEM_COLUMNS}, ns.path, {score_sql(vector, 'best.distance')} AS score FROM best "
+            f"SELECT {_ITEM_COLUMNS}, ns.path, {score_sql(vector, 'best.distance')} AS score, {reader_sql} FROM best "
             f"JOIN memory_item i ON i.id = best.item_id JOIN ns ON ns.id = i.namespace_id WHERE {where} "
             "ORDER BY best.distance, i.updated_at DESC, i.id DESC"
         )
@@ -171,40 +239,47 @@ def search_items(
             f"WITH {namespaces}, hits AS (SELECT x.item_id, max(ts_rank_cd(x.lexemes, q)) AS rank "
             "FROM memory_indexentry x, websearch_to_tsquery('simple', %(query)s) q "
             "WHERE x.namespace_id IN (SELECT id FROM ns) AND x.lexemes @@ q GROUP BY x.item_id) "
-            f"SELECT {_ITEM_COLUMNS}, ns.path, coalesce(hits.rank, 0) AS score FROM memory_item i "
+            f"SELECT {_ITEM_COLUMNS}, ns.path, coalesce(hits.rank, 0) AS score, {reader_sql} FROM memory_item i "
             f"JOIN ns ON ns.id = i.namespace_id LEFT JOIN hits ON hits.item_id = i.id WHERE {where} "
             "ORDER BY score DESC, i.updated_at DESC, i.id DESC"
         )
     else:
         sql = (
-            f"WITH {namespaces} SELECT {_ITEM_COLUMNS}, ns.path, NULL AS score FROM memory_item i "
+            f"WITH {namespaces} SELECT {_ITEM_COLUMNS}, ns.path, NULL AS score, {reader_sql} FROM memory_item i "
             f"JOIN ns ON ns.id = i.namespace_id WHERE {where} ORDER BY i.updated_at DESC, i.id DESC"
         )
-    found = _page(sql, params, limit=limit, offset=offset, keep=None if exact else wanted)
+    found, resolved = _page(sql, params, limit=limit, offset=offset, keep=None if exact else wanted)
     if refresh_ttl:
         store.refresh_expiry([item.item_id for item, has_ttl in found if has_ttl], live_only=omit_expired)
+    if reader is not None:
+        for item, _ in found:
+            _record_read(item, reader, resolved=resolved)
     return [item for item, _ in found]
 
 
 def _page(
     sql: str, params: dict[str, Any], *, limit: int, offset: int, keep: dict[str, Any] | None
-) -> list[tuple[Found, bool]]:
+) -> tuple[list[tuple[Found, bool]], Any]:
     """Rows `offset` to `offset + limit` of `sql`'s results that match `keep` (a filter only the
-    opened values can decide; None: every row matches). Such a filter reads in growing chunks."""
+    opened values can decide; None: every row matches), and the last column of a row (the
+    reader's thread, the same in every row). Such a filter reads in growing chunks."""
     rows: list[tuple[Found, bool]] = []
     if limit <= 0:
-        return rows
+        return rows, None
     if keep is None:
         with connection.cursor() as cursor:
             cursor.execute(f"{sql} LIMIT %(limit)s OFFSET %(offset)s", {**params, "limit": limit, "offset": offset})
-            return [_open_row(row, tuple(row[13]), _score(row[14])) for row in cursor.fetchall()]
-    skipped, read, chunk = 0, 0, max(2 * (offset + limit), 64)
+            found = cursor.fetchall()
+        rows = [_open_row(row, tuple(row[13]), _score(row[14])) for row in found]
+        return rows, found[0][15] if found else None
+    skipped, read, chunk, last = 0, 0, max(2 * (offset + limit), 64), None
     while True:
         with connection.cursor() as cursor:
             cursor.execute(f"{sql} LIMIT %(limit)s OFFSET %(offset)s", {**params, "limit": chunk, "offset": read})
             batch = cursor.fetchall()
         read += len(batch)
         for row in batch:
+            last = row[15]
             item, has_ttl = _open_row(row, tuple(row[13]), _score(row[14]))
             if not filters.matches(item.value, keep):
                 continue
@@ -213,9 +288,9 @@ def _page(
                 continue
             rows.append((item, has_ttl))
             if len(rows) == limit:
-                return rows
+                return rows, last
         if len(batch) < chunk:
-            return rows
+            return rows, last
         chunk *= 2
 
 
@@ -303,8 +378,8 @@ class _Item:
     integrity: bytes
 
 
-def _item(path: Path, key: str, scope: Scope) -> _Item | None:
-    space = _space_for_read(path, scope)
+def _item(path: Path, key: str, scope: Scope, *, fresh: bool = False) -> _Item | None:
+    space = _space_for_read(path, scope, fresh=fresh)
     if space is None:
         return None
     with connection.cursor() as cursor:
@@ -314,7 +389,8 @@ def _item(path: Path, key: str, scope: Scope) -> _Item | None:
         )
         row = cursor.fetchone()
     if row is None:
-        return None
+        # The namespace this process remembers may have been deleted and made again since.
+        return None if fresh else _item(path, key, scope, fresh=True)
     sealing.check_head(
         row[3], item_id=row[0], namespace_id=space.id, key=key, version=row[1],
         value=bytes(row[4]) if row[4] is not None else None, integrity=bytes(row[2]),
@@ -411,6 +487,31 @@ def item_history(
     whole = _snapshot_before(item, first)
     versions = _materialise(item, _versions(item, whole, last))
     return [version for version in reversed(versions) if version.version >= first]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBy:
+    """A version of an item read from a thread (at a checkpoint of it, when known), when."""
+
+    version: int
+    thread_id: UUID
+    checkpoint_id: UUID | None
+    read_at: datetime
+
+
+def item_reads(*, namespace: Path | list[str], key: str, scope: Scope, limit: int = 50) -> list[ReadBy]:
+    """The newest `limit` reads of the item from threads (memory.reads), newest first."""
+    space = _space_for_read(namespace_path(namespace), scope)
+    if space is None:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT r.version, r.thread_id, r.checkpoint_id, r.read_at FROM memory_itemread r "
+            "JOIN memory_item i ON i.id = r.item_id WHERE i.namespace_id = %s AND i.key = %s "
+            "ORDER BY r.read_at DESC, r.id DESC LIMIT %s",
+            [space.id, item_key(key), limit],
+        )
+        return [ReadBy(*row) for row in cursor.fetchall()]
 
 
 def item_as_of(*, namespace: Path | list[str], key: str, scope: Scope, at: datetime) -> Found | None:

@@ -53,7 +53,23 @@ class StrictQuery(StrictSerializer):
     """Query parameters: an unknown one is a 400 naming it."""
 
 
-class NamespaceListQuery(StrictQuery):
+def _page_limit(default: int) -> serializers.IntegerField:
+    return serializers.IntegerField(
+        required=False, min_value=1, max_value=MAX_LIMIT, default=default, help_text="How many at most in one page."
+    )
+
+
+class PageQuery(StrictQuery):
+    """Query parameters of a cursor-paginated list: `limit` (each list's own default) and `cursor`."""
+
+    limit = _page_limit(50)
+    cursor = serializers.CharField(
+        required=False,
+        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
+    )
+
+
+class NamespaceListQuery(PageQuery):
     prefix = serializers.CharField(required=False, help_text="Dotted labels the namespaces start with; `*` is any.")
     suffix = serializers.CharField(required=False, help_text="Dotted labels the namespaces end with; `*` is any.")
     max_depth = serializers.IntegerField(
@@ -62,33 +78,25 @@ class NamespaceListQuery(StrictQuery):
         max_value=32,
         help_text="Cut each namespace to this many labels (1 to 32); each shorter namespace is listed once.",
     )
-    limit = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_LIMIT, default=100, help_text="How many at most in one page."
-    )
-    cursor = serializers.CharField(
-        required=False,
-        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
-    )
+    limit = _page_limit(100)
 
 
-class SearchQuery(StrictQuery):
+class SearchQuery(PageQuery):
     prefix = serializers.CharField(required=False, help_text="Dotted namespace prefix (only on /memory/items/).")
     query = serializers.CharField(required=False, max_length=MAX_QUERY, help_text="Words to find in indexed fields.")
     filter = JSONObjectParam(
         required=False, max_length=MAX_FILTER,
         help_text='A JSON object: `{"status": "open", "score": {"$gte": 3}}` ($eq $ne $gt $gte $lt $lte).',
     )  # fmt: skip
-    limit = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_LIMIT, default=20, help_text="How many at most in one page."
-    )
-    cursor = serializers.CharField(
-        required=False,
-        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
-    )
+    limit = _page_limit(20)
 
 
 class ItemQuery(StrictQuery):
     as_of = serializers.DateTimeField(required=False, help_text="The item as it was at this time (ISO 8601).")
+    thread = serializers.UUIDField(
+        required=False, help_text="The thread this read is made from: the item's history names it among its readers."
+    )
+    checkpoint = serializers.UUIDField(required=False, help_text="The checkpoint of that thread it is made from.")
 
 
 class DeleteQuery(StrictQuery):
@@ -106,14 +114,8 @@ class DeleteQuery(StrictQuery):
     )
 
 
-class HistoryQuery(StrictQuery):
-    limit = serializers.IntegerField(
-        required=False, min_value=1, max_value=MAX_LIMIT, default=50, help_text="How many at most in one page."
-    )
-    cursor = serializers.CharField(
-        required=False,
-        help_text="Where the page goes on: the `next` link's cursor, as the previous page handed it out.",
-    )
+class HistoryQuery(PageQuery):
+    """An item's versions, newest first (`limit` 50 unless given)."""
 
 
 class EventsQuery(StrictQuery):

@@ -2,7 +2,12 @@
 keyring's master key wraps as it wraps a thread's (checkpoints.storage.crypto).
 
 A namespace's id, path, owner and data key never change, so each process keeps the ones it
-has seen (`_by_path`, `_by_id`); one made in a transaction joins them when it commits.
+has seen (`_by_path`, `_by_id`); one made in a transaction joins them when it commits. Ids are
+never reused, so a namespace remembered by id cannot be another; one remembered by path may have
+been deleted since (and made again, under a new id, by another owner). The statements that use a
+remembered namespace say when its row is gone (memory.store's writes, memory.selectors' get), and
+a refusal is decided on the row read again (`find(..., fresh=True)`): then the path is looked up
+again, so the cache costs no query and never decides a write, a read or a refusal alone.
 """
 
 from __future__ import annotations
@@ -64,10 +69,12 @@ def _keep(space: Space) -> None:
     _by_id.remember(space.id, space)
 
 
-def find(path: Path) -> Space | None:
-    """The namespace at `path`, or None when nothing was ever written there."""
-    found = _by_path.get(path)
-    if found is not None:
+def find(path: Path, *, fresh: bool = False) -> Space | None:
+    """The namespace at `path`, or None when nothing was ever written there; with `fresh`, as
+    the database has it now, never as this process remembers it."""
+    if fresh:
+        _by_path.drop(path)
+    elif (found := _by_path.get(path)) is not None:
         return found
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {_COLUMNS} FROM memory_namespace WHERE path = %s::text[]", [list(path)])

@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 from uuid import UUID
 
 from django.conf import settings
@@ -26,7 +26,7 @@ from django.utils import timezone
 from checkpoints.ids import new_id
 from checkpoints.storage import codec
 from checkpoints.storage.jsonpatch import make_patch
-from memory import access, boards, filters, heads, sealing, spaces
+from memory import access, boards, changes, filters, heads, sealing, spaces
 from memory.access import Scope
 from memory.errors import InvalidValue, ItemNotFound, NotABoard, ValueTooLarge, VersionConflict
 from memory.heads import Head
@@ -101,6 +101,11 @@ def _fields(author: Author, origin: Origin, value_bytes: int) -> dict[str, Any]:
         "checkpoint": str(origin.checkpoint_id) if origin.checkpoint_id else None,
         "value_bytes": value_bytes,
     }  # fmt: skip
+
+
+def _writer(author: Author) -> dict[str, Any]:
+    """Who wrote, as the live feeds name them (memory.boards, memory.changes)."""
+    return {"writer": str(author.kind), "agent": author.agent_id, "user": author.user_id}
 
 
 def version_fields(row: Any) -> dict[str, Any]:
@@ -180,14 +185,31 @@ def _previous_value(space: spaces.Space, head: Head) -> Any:
     return sealing.open_value(space, head.item_id, head.version, row[0])
 
 
-def _space_for_write(path: Path, scope: Scope) -> spaces.Space:
+class _NamespaceGone(Exception):
+    """The namespace this process remembered at a path was deleted since (memory.spaces)."""
+
+
+def _space_for_write(path: Path, scope: Scope, *, fresh: bool = False) -> spaces.Space:
+    """The namespace to write at `path`, made if need be; with `fresh`, read again first."""
+    if fresh:
+        spaces.find(path, fresh=True)
     space, created = spaces.ensure(path, agent_id=scope.agent_id)
     if not created and not access.may_use(scope, space):
+        if not fresh:  # a refusal is decided on the namespace as it is now, not as remembered
+            return _space_for_write(path, scope, fresh=True)
         # As if it did not exist, and it cannot be made: another agent's namespace.
         raise ItemNotFound(
             f"The memory namespace {'.'.join(path)} belongs to another agent; a person may share it with yours.",
             detail={"namespace": list(path)},
         )
+    return space
+
+
+def _space_for_delete(path: Path, scope: Scope, *, fresh: bool = False) -> spaces.Space | None:
+    """The namespace to delete in at `path`, None when there is none the scope may use."""
+    space = spaces.find(path, fresh=fresh)
+    if space is not None and not access.may_use(scope, space):
+        return None if fresh else _space_for_delete(path, scope, fresh=True)
     return space
 
 
@@ -237,26 +259,32 @@ def put_item(
     entries = _check_index(index)
     if ttl_minutes is not None and not (math.isfinite(ttl_minutes) and ttl_minutes > 0):
         raise InvalidValue("ttl_minutes must be a positive number of minutes.", detail={"field": "ttl_minutes"})
-    space = _space_for_write(path, scope)
-    tokens = filters.value_tokens(value)
 
-    def attempt(head: Head | None) -> Written | None:
-        _check_expected(head, expected_version)
-        return _write(
-            space=space, key=key, head=head, canonical=canonical, value=value, tokens=tokens, author=author,
-            origin=origin, ttl_minutes=ttl_minutes, entries=entries,
-        )  # fmt: skip
+    def write_in(space: spaces.Space) -> Written:
+        tokens = filters.value_tokens(value, space.id)
 
-    if space.board:
-        if ttl_minutes is not None:
-            # A board's changes are events under its lock; an expiry would change it behind both.
-            raise InvalidValue(
-                "Items of a blackboard do not expire: leave ttl_minutes out (a lease expires instead).",
-                detail={"field": "ttl_minutes"},
-            )
-        return _on_board(space, key, author, scope, fencing_token, attempt)
-    _check_token(fencing_token)
-    return _retrying(space, key, attempt)
+        def attempt(head: Head | None) -> Written | None:
+            _check_expected(head, expected_version)
+            return _write(
+                space=space, key=key, head=head, canonical=canonical, value=value, tokens=tokens, author=author,
+                origin=origin, ttl_minutes=ttl_minutes, entries=entries,
+            )  # fmt: skip
+
+        if space.board:
+            if ttl_minutes is not None:
+                # A board's changes are events under its lock; an expiry would change it behind both.
+                raise InvalidValue(
+                    "Items of a blackboard do not expire: leave ttl_minutes out (a lease expires instead).",
+                    detail={"field": "ttl_minutes"},
+                )
+            return cast(Written, _on_board(space, key, author, scope, fencing_token, attempt, guess_new=True))
+        _check_token(fencing_token)
+        return cast(Written, _retrying(space, key, attempt, guess_new=True))
+
+    try:
+        return write_in(_space_for_write(path, scope))
+    except _NamespaceGone:
+        return write_in(_space_for_write(path, scope, fresh=True))
 
 
 def _check_token(fencing_token: int | None) -> None:
@@ -269,24 +297,38 @@ def _check_token(fencing_token: int | None) -> None:
 
 def _on_board(
     space: spaces.Space, key: str, author: Author, scope: Scope, fencing_token: int | None,
-    attempt: Callable[[Head | None], Written | None],
+    attempt: Callable[[Head | None], Written | None], *, guess_new: bool = False,
 ) -> Any:  # fmt: skip
     """A write to a blackboard: under the board's lock, after its lease check, with its event."""
     with transaction.atomic():
         boards.guard_write(space, key, fencing_token, scope)
-        written = _retrying(space, key, attempt)
+        written = _retrying(space, key, attempt, guess_new=guess_new)
         if written is not _GONE:
-            writer = {"writer": str(author.kind), "agent": author.agent_id, "user": author.user_id}
-            boards.record_write(space, key=key, version=written.version, deleted=written.deleted, writer=writer)
+            boards.record_write(
+                space, key=key, version=written.version, deleted=written.deleted, writer=_writer(author)
+            )
     return written
 
 
-def _retrying(space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None]) -> Any:
+def _retrying(
+    space: spaces.Space, key: str, attempt: Callable[[Head | None], Written | None], *, guess_new: bool = False
+) -> Any:
     """`attempt` over the head this process knows (no read); if another writer moved the item
     meanwhile, again over the head read under a row lock, which no other writer can then move.
     A conflict with the expected version found on a remembered head is checked again on the
-    stored one: this process may not know the newest version."""
+    stored one: this process may not know the newest version.
+
+    With `guess_new` (a put), an item this process knows nothing of is first taken to be new:
+    its insert does nothing if the item exists, so a new key costs one statement, not a read
+    and a write, and an existing one costs the read it would have cost anyway, after it."""
     cached = heads.get(space.id, key)
+    if cached is None and guess_new:
+        try:
+            written = attempt(None)
+        except VersionConflict:  # an expected version other than 0: the item must exist
+            written = None
+        if written is not None:
+            return written
     try:
         written = attempt(cached or _load_head(space, key))
     except VersionConflict:
@@ -344,7 +386,8 @@ def _write(
     item = {
         "item": item_id, "namespace": space.id, "key": key, "version": version, "previous": version - 1,
         "deleted": False, "value": sealed_value, "value_bytes": len(canonical), "integrity": integrity,
-        "head_mac": head_mac, "tokens": tokens, "indexed": bool(entries), "since_snapshot": since_snapshot,
+        "head_mac": head_mac, "tokens": _bigint_array(tokens), "indexed": bool(entries),
+        "since_snapshot": since_snapshot,
         "created_at": created_at, "updated_at": now, "expires_at": expires_at, "ttl": ttl_minutes,
     }  # fmt: skip
     row = {
@@ -355,6 +398,7 @@ def _write(
     drop_entries = head is not None and head.indexed
     if not _execute(head is None, item, row, entries, drop_entries):
         return None
+    changes.announce_on_commit(path=space.path, key=key, version=version, deleted=False, writer=_writer(author))
     heads.keep(space.id, key, Head(
         item_id=item_id, version=version, integrity=integrity, deleted=False, created_at=created_at,
         updated_at=now, since_snapshot=since_snapshot, indexed=bool(entries),
@@ -367,12 +411,22 @@ def _write(
     )  # fmt: skip
 
 
+# Nothing, rather than a foreign-key error, in a namespace deleted since this process remembered it
+# (the statement's last column says so: memory.spaces).
+def _bigint_array(numbers: list[int] | None) -> str | None:
+    """A bigint[] as its text literal: psycopg adapts a list of ints element by element, which
+    cost a put more than anything else it sends."""
+    return None if numbers is None else "{" + ",".join(map(str, numbers)) + "}"
+
+
 _INSERT_ITEM = """
     INSERT INTO memory_item (id, namespace_id, key, version, deleted, value, value_bytes, integrity, head_mac,
         tokens, indexed, since_snapshot, created_at, updated_at, expires_at, ttl_minutes)
-    VALUES (%(item)s, %(namespace)s, %(key)s, %(version)s, %(deleted)s, %(value)s, %(value_bytes)s,
-        %(integrity)s, %(head_mac)s, %(tokens)s::bigint[], %(indexed)s, %(since_snapshot)s, %(created_at)s,
-        %(updated_at)s, %(expires_at)s, %(ttl)s::float8)
+    SELECT %(item)s::uuid, %(namespace)s::bigint, %(key)s::text, %(version)s::int, %(deleted)s::bool,
+        %(value)s::bytea, %(value_bytes)s::int, %(integrity)s::bytea, %(head_mac)s::bytea, %(tokens)s::bigint[],
+        %(indexed)s::bool, %(since_snapshot)s::int, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
+        %(expires_at)s::timestamptz, %(ttl)s::float8
+    WHERE EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s::bigint)
     ON CONFLICT (namespace_id, key) DO NOTHING RETURNING id
 """
 _UPDATE_ITEM = """
@@ -416,11 +470,15 @@ def _execute(
             for entry in entries
         ]
         params["dims"] = [len(entry.embedding) if entry.embedding else None for entry in entries]
-    parts.append(" SELECT count(*) FROM version")
+    parts.append(
+        " SELECT (SELECT count(*) FROM version), EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s)"
+    )
     with connection.cursor() as cursor:
         cursor.execute("".join(parts), params)
-        done = cursor.fetchone()
-    return bool(done and done[0])
+        written, namespace_exists = cursor.fetchone()
+    if not namespace_exists:
+        raise _NamespaceGone
+    return bool(written)
 
 
 def delete_item(
@@ -438,24 +496,30 @@ def delete_item(
     the lease check, then an event."""
     path = namespace_path(namespace)
     key = item_key(key)
-    space = spaces.find(path)
-    if space is None or not access.may_use(scope, space):
-        if expected_version:
-            _check_expected(None, expected_version)
-        return None
 
-    def attempt(head: Head | None) -> Written | None:
-        _check_expected(head, expected_version)
-        if head is None or head.deleted:
-            return _GONE
-        return _tombstone(space, key, head, author=author, origin=origin)
+    def delete_in(space: spaces.Space | None) -> Written | None:
+        if space is None:
+            if expected_version:
+                _check_expected(None, expected_version)
+            return None
 
-    if space.board:
-        written = _on_board(space, key, author, scope, fencing_token, attempt)
-    else:
-        _check_token(fencing_token)
-        written = _retrying(space, key, attempt)
-    return None if written is _GONE else written
+        def attempt(head: Head | None) -> Written | None:
+            _check_expected(head, expected_version)
+            if head is None or head.deleted:
+                return _GONE
+            return _tombstone(space, key, head, author=author, origin=origin)
+
+        if space.board:
+            written = _on_board(space, key, author, scope, fencing_token, attempt)
+        else:
+            _check_token(fencing_token)
+            written = _retrying(space, key, attempt)
+        return None if written is _GONE else cast(Written, written)
+
+    try:
+        return delete_in(_space_for_delete(path, scope))
+    except _NamespaceGone:
+        return delete_in(_space_for_delete(path, scope, fresh=True))
 
 
 # What a delete's attempt answers when there is nothing to delete (a Written, so no retry follows).
@@ -486,6 +550,7 @@ def _tombstone(space: spaces.Space, key: str, head: Head, *, author: Author, ori
     }  # fmt: skip
     if not _execute(False, item, row, [], head.indexed):
         return None
+    changes.announce_on_commit(path=space.path, key=key, version=version, deleted=True, writer=_writer(author))
     heads.keep(space.id, key, Head(
         item_id=head.item_id, version=version, integrity=integrity, deleted=True, created_at=head.created_at,
         updated_at=now, since_snapshot=0, indexed=False,

@@ -1,5 +1,6 @@
 """The memory browser: namespaces as a tree, items with search, an item's versions with what each
-changed and where it was written from; admins edit an item or roll it back, with a reason."""
+changed and where it was written from, and the threads that read it; admins edit an item or roll
+it back, with a reason. Open pages follow the items they show (static/js/memory.js)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from audit.trail import client_address
 from checkpoints.storage.jsonpatch import make_patch
@@ -69,9 +71,16 @@ def tree(paths: list[Path], selected: Path) -> list[TreeNode]:
     return [TreeNode(p[-1], len(p) - 1, _query(p), p == selected) for p in prefixes]
 
 
+def _live_query(path: Path, key: str | None = None) -> str:
+    """The query of the page's socket (memory.consumers.PageConsumer): what it shows, as of now
+    (taken before the page reads, so a write it may have missed counts as a change)."""
+    return _query(path, key=key, since=timezone.now().isoformat())
+
+
 @_viewer
 def browse(request: HttpRequest) -> HttpResponse:
     path = _labels(request)
+    live_query = _live_query(path)
     form = BrowseForm(request.GET)
     if not form.is_valid():
         return render(request, "memory/browse.html", {"nav": "memory", "form": form, "path": path}, status=400)
@@ -96,6 +105,7 @@ def browse(request: HttpRequest) -> HttpResponse:
         "page": page,
         "previous_query": _query(path, q=query, page=page - 1 if page > 2 else None) if page > 1 else None,
         "next_query": _query(path, q=query, page=page + 1) if len(found) > PAGE else None,
+        "live_query": live_query,
     }
     return render(request, "memory/browse.html", context)
 
@@ -147,6 +157,7 @@ def _item_key(request: HttpRequest) -> str:
 @_viewer
 def item(request: HttpRequest) -> HttpResponse:
     path, key = _labels(request), _item_key(request)
+    live_query = _live_query(path, key)
     current = selectors.get_item(namespace=path, key=key, scope=EVERYTHING)
     history = selectors.item_history(namespace=path, key=key, scope=EVERYTHING, limit=HISTORY + 1)
     if history is None:
@@ -174,6 +185,7 @@ def item(request: HttpRequest) -> HttpResponse:
                 messages.success(request, f"Saved as version {written.version}.")
                 return redirect(f"{request.path}?{_query(path, key=key)}")
     rows = _rows(history[:HISTORY])
+    read_by = selectors.item_reads(namespace=path, key=key, scope=EVERYTHING, limit=HISTORY)
     context = {
         "nav": "memory",
         "path": path,
@@ -183,9 +195,11 @@ def item(request: HttpRequest) -> HttpResponse:
         "current_json": _pretty(current.value) if current else None,
         "rows": rows,
         "more": len(history) > HISTORY,
+        "read_by": read_by,
         "can_change": can_change,
         "edit_form": edit_form,
         "here": _query(path, key=key),
+        "live_query": live_query,
     }
     return render(request, "memory/item.html", context, status=400 if edit_form.errors else 200)
 

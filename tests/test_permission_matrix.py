@@ -200,6 +200,7 @@ SOCKETS: list[tuple[str, tuple[str | int, ...]]] = [
     ("/ws/threads/{thread}/", (ACCEPT, 4404, ACCEPT, ACCEPT, ACCEPT, 4401)),
     ("/ws/inbox/", (ACCEPT, ACCEPT, ACCEPT, ACCEPT, ACCEPT, 4401)),
     ("/ws/memory/boards/world.board/", (ACCEPT, 4404, ACCEPT, ACCEPT, ACCEPT, 4401)),
+    ("/ws/memory/?ns=world&since=2026-01-01T00:00:00%2B00:00", (4403, 4403, ACCEPT, ACCEPT, ACCEPT, 4401)),
 ]
 
 

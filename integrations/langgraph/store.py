@@ -10,7 +10,8 @@ Mapping:
   agent sees them only once a person shares them.
 - Inside a graph run, a write names the Quicksave thread of the run's `thread_id` (the saver's
   thread, found under the store's agent) and that thread's head checkpoint at the time: the
-  checkpoint the step writing it started from.
+  checkpoint the step writing it started from. A get or search there is recorded as a read by
+  the same thread and checkpoint (memory.reads), found by the read's own statement.
 - `index` (an IndexConfig: `dims`, `embed`, `fields`, and PostgresStore's `distance_type`): each put
   indexes the texts at its fields (`put(..., index=[...])` or the config's; `index=False` none) for
   full-text search always, and, where the database has pgvector, with the embeddings `embed`
@@ -53,7 +54,7 @@ from langgraph.store.base import (
     tokenize_path,
 )
 
-from memory import selectors, store, vectors
+from memory import reads, selectors, store, vectors
 from memory.access import Scope
 from memory.selectors import Found
 from memory.texts import IndexText
@@ -159,7 +160,7 @@ class QuicksaveStore(BaseStore):
     def _get(self, op: GetOp) -> Item | None:
         found = selectors.get_item(
             namespace=op.namespace, key=op.key, scope=self._scope, refresh_ttl=op.refresh_ttl,
-            omit_expired=self._omit_expired(),
+            omit_expired=self._omit_expired(), reader=self._reader(),
         )  # fmt: skip
         return None if found is None else _item(found)
 
@@ -174,7 +175,7 @@ class QuicksaveStore(BaseStore):
         found = selectors.search_items(
             scope=self._scope, prefix=op.namespace_prefix, filter=op.filter, query=query, vector=vector,
             vectors_per_item=max(len(self._fields), 1), limit=op.limit, offset=op.offset,
-            refresh_ttl=op.refresh_ttl, omit_expired=self._omit_expired(),
+            refresh_ttl=op.refresh_ttl, omit_expired=self._omit_expired(), reader=self._reader(),
         )  # fmt: skip
         return [_search_item(item) for item in found]
 
@@ -254,19 +255,32 @@ class QuicksaveStore(BaseStore):
 
     # ------------------------------------------------------------------ provenance
 
-    def _origin(self) -> store.Origin:
-        """The Quicksave thread of the graph run making this write, and its head then."""
+    @staticmethod
+    def _run_thread() -> str | None:
+        """The `thread_id` of the graph run calling the store (None outside a run)."""
         try:
             configurable = get_config().get("configurable", {})
         except RuntimeError:  # not inside a graph run
-            return store.NOWHERE
+            return None
         thread_id = configurable.get("thread_id")
+        return None if thread_id is None else str(thread_id)
+
+    def _reader(self) -> reads.Reader | None:
+        """Who reads, inside a graph run: its thread, which the read resolves (memory.reads)."""
+        thread_id = self._run_thread()
+        if thread_id is None:
+            return None
+        return reads.Reader(agent_id=self._get_agent().pk, external_id=thread_id)
+
+    def _origin(self) -> store.Origin:
+        """The Quicksave thread of the graph run making this write, and its head then."""
+        thread_id = self._run_thread()
         if thread_id is None:
             return store.NOWHERE
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT id, head_id FROM checkpoints_thread WHERE agent_id = %s AND external_id = %s",
-                [self._get_agent().pk, str(thread_id)],
+                [self._get_agent().pk, thread_id],
             )
             row = cursor.fetchone()
         if row is None:

@@ -1,19 +1,23 @@
 """The memory browser in Chromium: an admin finds an item through the namespace tree, sees what an
-agent's last write changed, edits the value with a reason, then goes back to the first version."""
+agent's last write changed, edits the value with a reason, then goes back to the first version;
+and open item and namespace pages show an agent's writes as they happen."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from audit.models import AuditEntry
 from memory import selectors, store
 from memory.access import EVERYTHING
+from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from tests.e2e.conftest import Pages, make_person
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 # Its own namespace: the live server process caches namespaces across tests (another test makes users.alice).
 NS = ("customers", "alice")
+LIVE_NS = ("customers", "bob")
 
 
 def test_an_admin_edits_a_remembered_preference_and_goes_back_to_the_first_version(tab: Pages) -> None:
@@ -48,3 +52,37 @@ def test_an_admin_edits_a_remembered_preference_and_goes_back_to_the_first_versi
         "memory.item_edited", "memory.item_rolled_back",
     ]  # fmt: skip
     tab.shot("rolled back")
+
+
+def test_open_memory_pages_show_an_agents_writes_without_a_reload(tab: Pages, server_url: str) -> None:
+    make_person("ada", "admin")
+    _, raw_key = create_agent_key(agent=get_or_create_agent(name="travel"))
+    agent = httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {raw_key}"}, timeout=10)
+
+    def remember(key: str, value: dict[str, str]) -> None:
+        response = agent.put(f"/api/v1/memory/namespaces/{'.'.join(LIVE_NS)}/items/{key}/", json={"value": value})
+        assert response.status_code in (200, 201), response.text
+
+    remember("prefs", {"seat": "aisle"})
+    tab.login("ada")
+    tab.goto(f"/memory/item/?ns={LIVE_NS[0]}&ns={LIVE_NS[1]}&key=prefs")
+    tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+    assert tab.page.locator("#edit-stale").is_hidden()
+
+    remember("prefs", {"seat": "window"})
+
+    tab.page.wait_for_selector("#memory-history tr[data-version='2']", timeout=15_000)  # no reload
+    assert "window" in tab.page.inner_text("#memory-value")
+    assert "agent travel" in tab.page.inner_text("#memory-history tr[data-version='2']")
+    assert tab.page.locator("#edit-stale").is_visible()  # its form was opened on version 1
+    tab.shot("item written meanwhile")
+
+    tab.goto(f"/memory/?ns={LIVE_NS[0]}&ns={LIVE_NS[1]}")
+    tab.page.wait_for_selector("#live-status[data-state='live']", timeout=15_000)
+    tab.page.fill("#id_q", "half-typed")
+    remember("seat-map", {"row": "12"})
+
+    tab.page.wait_for_selector("#memory-items tr[data-key='seat-map']", timeout=15_000)
+    assert tab.page.input_value("#id_q") == "half-typed"  # the search form is left alone
+    tab.shot("namespace written meanwhile")
+    agent.close()

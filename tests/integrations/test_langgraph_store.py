@@ -15,7 +15,7 @@ from langgraph.store.base import BaseStore, GetOp, Item, ListNamespacesOp, Match
 from checkpoints.models import Thread
 from integrations.langgraph.saver import QuicksaveSaver
 from integrations.langgraph.store import QuicksaveStore
-from memory import selectors, vectors
+from memory import reads, selectors, vectors
 from memory.access import EVERYTHING
 from memory.models import IndexEntry, Writer
 from memory.models import Item as ItemRow
@@ -79,6 +79,27 @@ def test_a_node_store_argument_is_quicksave_memory_and_each_write_names_its_thre
     assert {v.thread_id for v in versions} == {thread.pk}
     assert all(v.checkpoint_id is not None for v in versions) and versions[0].checkpoint_id != versions[1].checkpoint_id
     assert {v.writer for v in versions} == {Writer.AGENT}
+
+
+def test_a_nodes_read_is_recorded_with_the_thread_and_the_checkpoint_its_step_started_from() -> None:
+    builder: Any = StateGraph(Counter)
+    builder.add_node("first", remember)
+    builder.add_node("second", remember)
+    builder.add_edge(START, "first")
+    builder.add_edge("first", "second")
+    store = QuicksaveStore()
+    graph = builder.compile(checkpointer=QuicksaveSaver(), store=store)
+
+    graph.invoke({"n": 0}, {"configurable": {"thread_id": "counting"}}, durability="sync")
+    store.get(("counters",), "last")  # outside a run: no thread, nothing recorded
+
+    assert reads.flush()
+    versions = selectors.item_history(namespace=("counters",), key="last", scope=EVERYTHING)
+    assert versions is not None
+    thread = Thread.objects.get(agent__name="langgraph", external_id="counting")
+    # The first step found nothing; the second read version 1 from the checkpoint it wrote version 2 from.
+    [read] = selectors.item_reads(namespace=("counters",), key="last", scope=EVERYTHING)
+    assert (read.version, read.thread_id, read.checkpoint_id) == (1, thread.pk, versions[0].checkpoint_id)
 
 
 def test_a_batch_answers_each_operation_in_order() -> None:

@@ -3,6 +3,8 @@ revocations are audited and take effect at once."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth.models import User
 
@@ -10,6 +12,7 @@ from audit.models import AuditEntry
 from memory import selectors, sharing, store
 from memory.access import EVERYTHING, Scope
 from memory.errors import ItemNotFound
+from memory.models import Namespace
 from quicksave_agents.models import Agent
 
 pytestmark = pytest.mark.django_db
@@ -80,3 +83,19 @@ def test_a_second_live_grant_of_the_same_prefix_is_refused(other_agent: Agent, a
     with pytest.raises(sharing.GrantRevoked):
         sharing.revoke_grant(grant=grant, user=admin, reason="again")
     sharing.grant_namespace(prefix=("team",), agent=other_agent, user=admin, reason="again")
+
+
+def test_a_namespace_deleted_and_made_again_by_another_agent_is_that_agents(
+    agent: Agent, other_agent: Agent, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put_as(agent, ("shared", "desk"))  # this process now remembers the namespace as agent's
+    Namespace.objects.filter(path=["shared", "desk"]).delete()  # as another process would
+
+    written = put_as(other_agent, ("shared", "desk"), value={"by": "the new owner"})
+
+    assert (written.version, written.created) == (1, True)
+    assert Namespace.objects.get(path=["shared", "desk"]).agent_id == other_agent.pk
+    found = selectors.get_item(namespace=("shared", "desk"), key="k", scope=Scope(other_agent.pk))
+    assert found is not None and found.value == {"by": "the new owner"}
+    assert selectors.get_item(namespace=("shared", "desk"), key="k", scope=Scope(agent.pk)) is None

@@ -49,6 +49,23 @@ def test_an_equality_filter_finds_sealed_values(fruit: None) -> None:
     assert keys(prefix=("shop",), filter={"color": "red"}, limit=1, offset=1) == ["cherry"]
 
 
+def test_an_item_carries_the_tokens_of_its_own_namespace_as_sql_masks_them(fruit: None) -> None:
+    from django.db import connection
+
+    from memory import filters
+    from memory.models import Item
+
+    apple = Item.objects.select_related("namespace").get(key="apple")
+    pepper = Item.objects.select_related("namespace").get(key="pepper")
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {filters.MASK_SQL.format('%s')}", [apple.namespace_id])
+        assert cursor.fetchone()[0] == filters.namespace_mask(apple.namespace_id)
+    red = filters.token(("color",), "red")
+    assert red ^ filters.namespace_mask(apple.namespace_id) in (apple.tokens or [])
+    assert red ^ filters.namespace_mask(pepper.namespace_id) in (pepper.tokens or [])
+    assert red ^ filters.namespace_mask(apple.namespace_id) not in (pepper.tokens or [])
+
+
 def test_comparisons_and_not_equal_are_decided_on_the_opened_values(fruit: None) -> None:
     assert keys(prefix=("shop",), filter={"price": {"$gt": 2}}) == ["cherry", "apple"]
     assert keys(prefix=("shop",), filter={"price": {"$gte": 2, "$lt": 8}}) == ["pepper", "apple"]

@@ -210,6 +210,57 @@ def test_a_head_this_process_had_wrong_costs_a_retry_not_a_fork() -> None:
     assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
 
 
+def test_a_put_of_a_key_this_process_does_not_know_is_one_statement(
+    django_assert_num_queries: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1}, key="warm-up")  # the namespace, made and remembered once committed
+
+    with django_assert_num_queries(1):
+        put({"v": 1}, key="new")
+    with django_assert_num_queries(1):
+        put({"v": 2}, key="new")
+
+
+def test_a_put_of_an_item_another_process_wrote_continues_its_chain() -> None:
+    put({"v": 1})
+    put({"v": 2})
+    heads.clear()  # as another process would: it never saw this item
+
+    third = put({"v": 3})
+
+    assert (third.version, third.created) == (3, False)
+    assert [version.value for version in history()] == [{"v": 3}, {"v": 2}, {"v": 1}]
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
+
+
+def test_a_deleted_item_another_process_wrote_is_put_again_as_its_next_version() -> None:
+    put({"v": 1})
+    store.delete_item(namespace=NS, key="prefs", author=SYSTEM, scope=EVERYTHING)
+    heads.clear()
+
+    again = put({"v": 2}, expected_version=0)
+
+    assert (again.version, again.created) == (3, True)
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
+
+
+def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1})  # the namespace, made and remembered
+    Namespace.objects.filter(path=list(NS)).delete()  # by another process: this one still remembers it
+    assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is None
+
+    again = put({"v": "again"})
+
+    assert (again.version, again.created) == (1, True)
+    found = selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
+    assert found is not None and found.value == {"v": "again"}
+    assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 1
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_writers_of_one_item_each_get_their_own_version() -> None:
     put({"writer": "none", "n": 0})

@@ -16,6 +16,7 @@ import pytest
 from django.db import connection
 from quicksave_sdk import Board, Client, LeaseHeld, LeaseLost, NotFound, VersionConflict
 
+from checkpoints import storage
 from memory import selectors
 from memory.access import EVERYTHING
 from memory.models import BoardEvent
@@ -223,3 +224,19 @@ def _line(log: Path, start: str) -> str | None:
     if not log.exists():
         return None
     return next((line for line in log.read_text().splitlines() if line.startswith(start)), None)
+
+
+@live
+def test_a_read_naming_its_thread_is_recorded_in_the_items_history(client: Client) -> None:
+    thread, _ = storage.create_thread(agent=get_or_create_agent(name="travel"), external_id="trip-sdk")
+    client.memory.put(("users", "alice"), "prefs", {"color": "red"})
+
+    item = client.memory.get(("users", "alice"), "prefs", thread_id=str(thread.pk))
+
+    assert item is not None and item.value == {"color": "red"}
+
+    def recorded() -> bool:
+        return [r.thread_id for r in selectors.item_reads(namespace=("users", "alice"), key="prefs",
+                                                          scope=EVERYTHING)] == [thread.pk]  # fmt: skip
+
+    wait_until(recorded, what="the server to record the read")

@@ -175,10 +175,20 @@ class Memory:
         path = f"/memory/namespaces/{_dotted(namespace)}/items/{_key(key)}/"
         return Written.from_json(self._client.request("PUT", path, body))
 
-    def get(self, namespace: Namespace, key: str, *, as_of: datetime | str | None = None) -> MemoryItem | None:
-        """The item now (or as it was at `as_of`), or None."""
+    def get(
+        self,
+        namespace: Namespace,
+        key: str,
+        *,
+        as_of: datetime | str | None = None,
+        thread_id: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> MemoryItem | None:
+        """The item now (or as it was at `as_of`), or None. A read naming the thread (and checkpoint)
+        it is made from is recorded: the item's history in the dashboard lists it among its readers."""
         when = as_of.isoformat() if isinstance(as_of, datetime) else as_of
-        path = f"/memory/namespaces/{_dotted(namespace)}/items/{_key(key)}/" + _query({"as_of": when})
+        query = _query({"as_of": when, "thread": thread_id, "checkpoint": checkpoint_id})
+        path = f"/memory/namespaces/{_dotted(namespace)}/items/{_key(key)}/" + query
         try:
             return MemoryItem.from_json(self._client.request("GET", path))
         except NotFound:

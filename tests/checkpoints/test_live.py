@@ -3,6 +3,7 @@ which threads had events at most once an interval."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -68,7 +69,11 @@ def _publish_in_rounds(publisher: live._Publisher, recorder: _Recorder, thread: 
     group = live.thread_group(thread)
     for seq in seqs:
         publisher.send(group, _event(thread, seq))
-        wait_until(lambda n=seq: len(recorder.to(group)) >= n, what=f"event {seq} sent", every=0.001)
+        wait_until(functools.partial(_sent_at_least, recorder, group, seq), what=f"event {seq} sent", every=0.001)
+
+
+def _sent_at_least(recorder: _Recorder, group: str, count: int) -> bool:
+    return len(recorder.to(group)) >= count
 
 
 def test_a_busy_writer_tells_the_thread_list_once_an_interval_not_every_round(monkeypatch: pytest.MonkeyPatch) -> None:

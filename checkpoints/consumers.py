@@ -134,8 +134,8 @@ def _sees_every_thread(principal: Any) -> bool:
 
 class ThreadListConsumer(sockets.EventConsumer):
     """`/ws/threads/`: for the dashboard's thread list, `threads.changed` naming the threads that had
-    events, once per publisher round. For people who may read every thread; an agent key lists its
-    threads through the API."""
+    events, at most every `live.THREADS_INTERVAL_SECONDS`. For people who may read every thread; an
+    agent key lists its threads through the API."""
 
     feed = "threads"
 

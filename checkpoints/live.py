@@ -5,9 +5,12 @@ A process hands each committed event to one publisher thread (a queue, so the
 writer never waits on Redis), which sends them in order to the thread's group and,
 for approvals, to the inbox group: one `live.event` message, or one `live.events`
 message carrying the events that queued up while the previous send was under way.
+The thread list hears which threads had events at most every THREADS_INTERVAL_SECONDS,
+so a busy writer's rounds each cost one send, not two.
 An event lost on the way (a process killed, Redis down, a server's channel full) is not
 lost to clients: the thread's socket notices the gap in `seq`, or, for a thread's last events,
-its server's tail watch notices the thread's counter ahead of it, and replays from the table. The sockets that receive them are
+its server's tail watch notices the thread's counter ahead of it, and replays from the table.
+The sockets that receive them are
 `checkpoints.sockets`.
 """
 
@@ -36,7 +39,7 @@ from quicksave import metrics, telemetry
 log = logging.getLogger(__name__)
 
 INBOX_GROUP = "inbox"
-# The thread list's group: after each publisher round, the ids of the threads that had events.
+# The thread list's group: the ids of the threads that had events (at most every THREADS_INTERVAL_SECONDS).
 THREADS_GROUP = "threads"
 _THREAD_GROUP_PREFIX = "thread."
 INBOX_TYPES = frozenset({"approval.requested", "approval.voted", "approval.escalated", "approval.decided"})
@@ -47,6 +50,11 @@ BATCH = 200
 # hundreds of checkpoints a second then costs the publisher (and the GIL it shares with the
 # writer) one round per few events, for a delay no one watching a page can see.
 LINGER_SECONDS = 0.005
+# The thread list's `live.threads` goes out at most this often, naming every thread that had events
+# since the last one; the first change after a quiet spell goes out with its round. The page refetches
+# itself at most once a second anyway (static/js/threads.js), and channels-redis' group_send is two
+# Redis round trips of the publisher's time (and the GIL's) whether or not anyone listens.
+THREADS_INTERVAL_SECONDS = 0.5
 
 
 # A payload key that marks a queued item as a channel message to send as it is, not an event.
@@ -131,6 +139,9 @@ class _Publisher:
         self._queue: queue.SimpleQueue[_Queued] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # Threads that had events since the thread list's last message, and when the next may go.
+        self._changed: set[str] = set()
+        self._threads_due = 0.0
 
     def send(self, group: str, payload: dict[str, Any], *, trace: dict[str, str] | None = None) -> None:
         self._ensure_started()
@@ -165,15 +176,19 @@ class _Publisher:
                 if flushed is None:
                     batches.setdefault(item.group, []).append(item)
                     continue
-                self._send_all(batches, own_loop)
+                self._send_all(batches, own_loop, flushing=True)
                 batches = {}
                 flushed.set()
             self._send_all(batches, own_loop)
 
     def _drain(self) -> list[_Queued]:
-        """The next queued item (waiting for one), then up to BATCH - 1 more queued by the end of
-        the linger."""
-        items = [self._queue.get()]
+        """The next queued item, then up to BATCH - 1 more queued by the end of the linger; nothing
+        when the thread list's message falls due first."""
+        wait = max(0.0, self._threads_due - time.monotonic()) if self._changed else None
+        try:
+            items = [self._queue.get(timeout=wait)]
+        except queue.Empty:
+            return []
         time.sleep(LINGER_SECONDS)
         try:
             while len(items) < BATCH:
@@ -182,8 +197,11 @@ class _Publisher:
             pass
         return items
 
-    def _send_all(self, batches: dict[str, list[_Queued]], own_loop: asyncio.AbstractEventLoop) -> None:
-        layer = get_channel_layer() if batches else None
+    def _send_all(
+        self, batches: dict[str, list[_Queued]], own_loop: asyncio.AbstractEventLoop, *, flushing: bool = False
+    ) -> None:
+        """Send a round's messages, one per group, then the thread list's if it is due (or flushing)."""
+        layer = get_channel_layer() if batches or self._changed else None
         if layer is None:
             return
         for group, items in batches.items():
@@ -204,11 +222,14 @@ class _Publisher:
                 now = time.monotonic()
                 for item in items:
                     metrics.live_publish_lag_seconds.observe(now - item.committed)
-        # One message for the whole round tells the thread list which of its rows may have changed.
-        changed = sorted(
+        self._changed.update(
             items[0].payload["thread"] for group, items in batches.items() if group.startswith(_THREAD_GROUP_PREFIX)
         )
-        if changed:
+        now = time.monotonic()
+        if self._changed and (flushing or now >= self._threads_due):
+            # One message tells the thread list which of its rows may have changed since the last.
+            changed, self._changed = sorted(self._changed), set()
+            self._threads_due = now + THREADS_INTERVAL_SECONDS
             self._send(layer, THREADS_GROUP, {"type": "live.threads", "threads": changed}, own_loop)
 
     @staticmethod

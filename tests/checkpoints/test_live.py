@@ -1,7 +1,10 @@
-"""The live publisher batches what queues up while a send is on its way."""
+"""The live publisher batches what queues up while a send is on its way, and tells the thread list
+which threads had events at most once an interval."""
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import pytest
@@ -15,7 +18,7 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     publisher = live._Publisher()
     rounds: list[dict[str, list[int]]] = []
 
-    def record(batches: dict[str, list[Any]], own_loop: Any) -> None:
+    def record(batches: dict[str, list[Any]], own_loop: Any, **_: Any) -> None:
         if batches:
             rounds.append({group: [item.payload["seq"] for item in items] for group, items in batches.items()})
 
@@ -29,3 +32,71 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     publisher.flush()
 
     assert rounds == [{"thread.a": [1, 2], "thread.b": [1]}]
+
+
+class _Recorder:
+    """Stands in for the channel layer's sends: what the publisher sent, to which group, in order."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, layer: Any, group: str, message: dict[str, Any], own_loop: Any) -> bool:
+        with self._lock:
+            self.sent.append((group, message))
+        return True
+
+    def to(self, group: str) -> list[dict[str, Any]]:
+        with self._lock:
+            return [message for to, message in self.sent if to == group]
+
+
+def _publisher(monkeypatch: pytest.MonkeyPatch, *, interval: float) -> tuple[live._Publisher, _Recorder]:
+    monkeypatch.setattr(live, "LINGER_SECONDS", 0.0)
+    monkeypatch.setattr(live, "THREADS_INTERVAL_SECONDS", interval)
+    monkeypatch.setattr(live, "get_channel_layer", lambda: object())
+    publisher, recorder = live._Publisher(), _Recorder()
+    monkeypatch.setattr(publisher, "_send", recorder)
+    return publisher, recorder
+
+
+def _event(thread: str, seq: int) -> dict[str, Any]:
+    return live.message(thread_id=thread, seq=seq, type=live.CHECKPOINT_CREATED, data={})
+
+
+def _publish_in_rounds(publisher: live._Publisher, recorder: _Recorder, thread: str, seqs: range) -> None:
+    """One round per event: each is sent before the next is queued."""
+    group = live.thread_group(thread)
+    for seq in seqs:
+        publisher.send(group, _event(thread, seq))
+        wait_until(functools.partial(_sent_at_least, recorder, group, seq), what=f"event {seq} sent", every=0.001)
+
+
+def _sent_at_least(recorder: _Recorder, group: str, count: int) -> bool:
+    return len(recorder.to(group)) >= count
+
+
+def test_a_busy_writer_tells_the_thread_list_once_an_interval_not_every_round(monkeypatch: pytest.MonkeyPatch) -> None:
+    publisher, recorder = _publisher(monkeypatch, interval=60.0)
+
+    _publish_in_rounds(publisher, recorder, "t1", range(1, 11))
+    publisher.send(live.thread_group("t2"), _event("t2", 1))
+    wait_until(lambda: recorder.to(live.thread_group("t2")), what="t2's event sent", every=0.001)
+
+    # Ten rounds, each event sent in order: the list heard of the first round only, so far.
+    assert [message["event"]["seq"] for message in recorder.to(live.thread_group("t1"))] == list(range(1, 11))
+    assert recorder.to(live.THREADS_GROUP) == [{"type": "live.threads", "threads": ["t1"]}]
+    publisher.flush()  # what is due later goes out on a flush, naming every thread since
+    assert recorder.to(live.THREADS_GROUP)[1:] == [{"type": "live.threads", "threads": ["t1", "t2"]}]
+
+
+def test_the_thread_list_hears_of_a_change_when_its_interval_ends_without_another_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    publisher, recorder = _publisher(monkeypatch, interval=0.2)
+
+    _publish_in_rounds(publisher, recorder, "t1", range(1, 3))  # the second round falls within the interval
+
+    messages = wait_until(lambda: recorder.to(live.THREADS_GROUP)[1:], what="the list's second message", timeout=10)
+    assert messages == [{"type": "live.threads", "threads": ["t1"]}]
+    assert recorder.to(live.THREADS_GROUP)[0] == {"type": "live.threads", "threads": ["t1"]}

@@ -10,8 +10,7 @@ so a busy writer's rounds each cost one send, not two.
 An event lost on the way (a process killed, Redis down, a server's channel full) is not
 lost to clients: the thread's socket notices the gap in `seq`, or, for a thread's last events,
 its server's tail watch notices the thread's counter ahead of it, and replays from the table.
-The sockets that receive them are
-`checkpoints.sockets`.
+The sockets that receive them are `checkpoints.sockets`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from django.utils import timezone
 from django.utils.timesince import timesince, timeuntil
 
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Quorum, Risk
-from approvals.selectors import Blocked
+from approvals.selectors import Blocked, quorum_of
 from checkpoints.presentation.timeline import url_maker
 from quicksave.templatetags.quicksave import compact_json, framework
 
@@ -25,9 +25,9 @@ _RISKS, _STATUSES = dict(Risk.choices), dict(ApprovalStatus.choices)
 
 def inbox_rows(approvals: list[ApprovalRequest], *, now: datetime) -> list[dict[str, Any]]:
     """The rows of `approvals`, read with their thread and agent, policy with its escalation group,
-    votes with their people, decider and rule; decided ones annotated with their next checkpoint
-    (`selectors.with_next_checkpoint`). Dicts rather than dataclasses: the template engine tries a
-    key before an attribute, and that failed lookup on every cell would be much of the table's cost."""
+    decider and rule, and their voters (`selectors.with_voters`); decided ones annotated with their
+    next checkpoint (`selectors.with_next_checkpoint`). Dicts rather than dataclasses: the template
+    engine tries a key before an attribute, and that failed lookup on every cell would cost much."""
     approval_url, thread_url = url_maker("inbox:approval"), url_maker("dashboard:thread")
     checkpoint_url = url_maker("dashboard:checkpoint")
     zone = timezone.get_current_timezone()
@@ -35,6 +35,7 @@ def inbox_rows(approvals: list[ApprovalRequest], *, now: datetime) -> list[dict[
     for approval in approvals:
         pending = approval.status == ApprovalStatus.PENDING
         thread, policy, unreadable = approval.thread, approval.policy, approval.unreadable
+        quorum = quorum_of(approval)
         row = {
             "id": str(approval.pk),
             "url": approval_url(approval.pk),
@@ -46,7 +47,7 @@ def inbox_rows(approvals: list[ApprovalRequest], *, now: datetime) -> list[dict[
             "decidable": approval.kind == ApprovalKind.APPROVAL and not unreadable,
             "approve_here": approval.risk != Risk.HIGH,
             "message": _cut(approval.message, MESSAGE_CHARS),
-            "quorum": _quorum(approval.quorum) if pending and approval.quorum.counts else None,
+            "quorum": _quorum(quorum) if pending and quorum.counts else None,
             "escalated": pending and approval.escalated_at is not None,
             "escalated_to": policy.escalate_to.name if policy and policy.escalate_to else "",
             "agent": thread.agent.name,

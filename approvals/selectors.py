@@ -1,6 +1,6 @@
-"""Reads pages and the API share: the approvals assigned to a person, the agents blocked on a
-person, policies with their versions, rules with how many requests each approved, what the agent
-did next after a decision, and what each thread of a list waits on or ended with."""
+"""Reads pages and the API share: the approvals assigned to a person, who voted on them, the agents
+blocked on a person, policies with their versions, rules with how many requests each approved,
+what the agent did next after a decision, and what each thread of a list waits on or ended with."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.models import User
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db.models import Count, Exists, JSONField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject, Left
 
@@ -22,7 +23,9 @@ from approvals.models import (
     AutoApproveRule,
     DeciderRole,
     PolicyVersion,
+    Quorum,
     Resolution,
+    VoteDecision,
 )
 from checkpoints.models import Checkpoint, Thread
 from quicksave.roles import ADMIN, REVIEWER
@@ -187,6 +190,26 @@ def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:
         created_at__gte=approval.decided_at,
     )  # fmt: skip
     return later.order_by("seq").first()
+
+
+def with_voters(approvals: QuerySet[ApprovalRequest]) -> QuerySet[ApprovalRequest]:
+    """`approvals` annotated with the names of who approved and who rejected so far, in the order
+    they voted, read with `quorum_of`: subqueries in the approvals' own query, no query of its own."""
+
+    def voters(decision: str) -> ArraySubquery:
+        votes = ApprovalVote.objects.filter(approval_id=OuterRef("pk"), decision=decision).order_by("created_at", "id")
+        return ArraySubquery(votes.values("user__username"))
+
+    return approvals.annotate(approved_by=voters(VoteDecision.APPROVE), rejected_by=voters(VoteDecision.REJECT))
+
+
+def quorum_of(approval: ApprovalRequest) -> Quorum:
+    """The quorum of an approval read through `with_voters` (with its `policy`)."""
+    return Quorum.under(
+        approval.policy,
+        approved_by=getattr(approval, "approved_by", []),
+        rejected_by=getattr(approval, "rejected_by", []),
+    )
 
 
 # Characters of a decision's comment the thread list keeps (in a title).

@@ -13,7 +13,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import F, Prefetch, Q, QuerySet
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -25,7 +25,7 @@ from django.views.decorators.http import require_http_methods
 
 from approvals import policies, selectors, services
 from approvals.inbox_page import blocked_chips, inbox_rows
-from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, ApprovalVote, Risk
+from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Risk
 from audit.trail import client_address
 from checkpoints import storage
 from checkpoints.access import of_visible_threads, visible_threads
@@ -72,9 +72,9 @@ def _approvals(user: Any) -> Any:
 
 def _inbox_rows() -> Any:
     """What an inbox row shows, and no more (the approval page reads the rest: `_approvals`)."""
-    return ApprovalRequest.objects.select_related(
-        "thread__agent", "decided_by", "policy__escalate_to", "rule"
-    ).prefetch_related(Prefetch("votes", queryset=ApprovalVote.objects.select_related("user")))
+    return selectors.with_voters(
+        ApprovalRequest.objects.select_related("thread__agent", "decided_by", "policy__escalate_to", "rule")
+    )
 
 
 @viewer_required

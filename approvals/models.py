@@ -59,6 +59,16 @@ class Quorum:
         """Whether the request needs several votes, or has some: then pages show the quorum."""
         return self.approvals_needed > 1 or self.rejections_needed > 1 or bool(self.approved_by or self.rejected_by)
 
+    @classmethod
+    def under(cls, policy: PolicyVersion | None, *, approved_by: list[str], rejected_by: list[str]) -> Quorum:
+        """The quorum of a request filed under `policy` (None: one person decides), with these votes."""
+        return cls(
+            approvals_needed=policy.approvals_needed if policy else 1,
+            rejections_needed=policy.rejections_needed if policy else 1,
+            approved_by=approved_by,
+            rejected_by=rejected_by,
+        )
+
 
 class ApprovalRequest(models.Model):
     """What the agent wants to do, why, and — once decided — who decided what, and when.
@@ -127,9 +137,8 @@ class ApprovalRequest(models.Model):
         """How far the request is towards its outcome under its policy (reads `policy` and
         `votes__user`: a list select- and prefetches them)."""
         votes = list(self.votes.all())
-        return Quorum(
-            approvals_needed=self.policy.approvals_needed if self.policy else 1,
-            rejections_needed=self.policy.rejections_needed if self.policy else 1,
+        return Quorum.under(
+            self.policy,
             approved_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.APPROVE],
             rejected_by=[vote.user.get_username() for vote in votes if vote.decision == VoteDecision.REJECT],
         )

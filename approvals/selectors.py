@@ -1,16 +1,16 @@
-"""Reads pages and the API share: the approvals assigned to a person, the agents blocked on a
-person, policies with their versions, rules with how many requests each approved, what the agent
-did next after a decision, and what each thread of a list waits on or ended with."""
+"""Reads pages and the API share: the approvals assigned to a person, who voted on them, the agents
+blocked on a person, policies with their versions, rules with how many requests each approved,
+what the agent did next after a decision, and what each thread of a list waits on or ended with."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 from django.contrib.auth.models import User
+from django.contrib.postgres.expressions import ArraySubquery
 from django.db.models import Count, Exists, JSONField, Min, OuterRef, Prefetch, Q, QuerySet, Subquery
 from django.db.models.functions import JSONObject, Left
 
@@ -23,10 +23,12 @@ from approvals.models import (
     AutoApproveRule,
     DeciderRole,
     PolicyVersion,
+    Quorum,
     Resolution,
+    VoteDecision,
 )
 from checkpoints.models import Checkpoint, Thread
-from quicksave.roles import ADMIN, REVIEWER, role_of
+from quicksave.roles import ADMIN, REVIEWER
 
 
 def assigned_to(approvals: QuerySet[ApprovalRequest], user: User) -> QuerySet[ApprovalRequest]:
@@ -37,14 +39,11 @@ def assigned_to(approvals: QuerySet[ApprovalRequest], user: User) -> QuerySet[Ap
     if not user.has_perm("checkpoints.decide_approval"):
         return approvals.none()
     groups = user.groups.values("pk")
-    roles = {ADMIN: [DeciderRole.REVIEWER, DeciderRole.ADMIN], REVIEWER: [DeciderRole.REVIEWER]}.get(
-        role_of(user) or "", []
-    )
     named_groups = PolicyVersion.groups.through.objects.filter(policyversion_id=OuterRef("policy_id"))
     named_users = PolicyVersion.users.through.objects.filter(policyversion_id=OuterRef("policy_id"))
     anyone = Q(policy__isnull=True) | Q(policy__role="", has_groups=False, has_users=False)
     named = (
-        Q(policy__role__in=roles)
+        _by_role(user)
         | Exists(named_users.filter(user_id=user.pk))
         | Exists(named_groups.filter(group_id__in=groups))
         | Q(escalated_at__isnull=False, policy__escalate_to__in=groups)
@@ -57,6 +56,17 @@ def assigned_to(approvals: QuerySet[ApprovalRequest], user: User) -> QuerySet[Ap
     )
 
 
+def _by_role(user: User) -> Q:
+    """Policies whose role `user` holds (as `role_of` reads it: a superuser is an admin), asked in
+    the query itself rather than read first: the person's roles are groups by name."""
+    if user.is_superuser:
+        return Q(policy__role__in=[DeciderRole.REVIEWER, DeciderRole.ADMIN])
+    memberships = User.groups.through.objects.filter(user_id=user.pk)
+    reviews = Exists(memberships.filter(group__name__in=[REVIEWER, ADMIN]))
+    administers = Exists(memberships.filter(group__name=ADMIN))
+    return (Q(policy__role=DeciderRole.REVIEWER) & reviews) | (Q(policy__role=DeciderRole.ADMIN) & administers)
+
+
 @dataclass(frozen=True)
 class Blocked:
     """An agent with threads waiting on a person: how many, and since when the longest has waited."""
@@ -66,16 +76,39 @@ class Blocked:
     since: datetime
 
 
-def blocked_agents(approvals: QuerySet[ApprovalRequest]) -> list[Blocked]:
-    """The agents whose threads wait on a pending approval among `approvals`, longest wait first: one query."""
-    rows = (
-        approvals.filter(status=ApprovalStatus.PENDING)
-        .order_by()
+@dataclass(frozen=True)
+class Waiting:
+    """What waits among some approvals, per agent: every agent with an approval among them (by
+    name), those blocked on a person (longest wait first) and how many approvals are pending."""
+
+    agents: list[str]
+    blocked: list[Blocked]
+    pending: int
+
+
+def waiting_by_agent(approvals: QuerySet[ApprovalRequest]) -> Waiting:
+    """The agents of `approvals` and what of theirs is pending: one query, grouped by agent."""
+    pending = Q(status=ApprovalStatus.PENDING)
+    rows = list(
+        approvals.order_by()
         .values("thread__agent__name")
-        .annotate(threads=Count("thread_id", distinct=True), since=Min("created_at"))
-        .order_by("since")
+        .annotate(
+            approvals=Count("pk", filter=pending),
+            threads=Count("thread_id", distinct=True, filter=pending),
+            since=Min("created_at", filter=pending),
+        )
+        .order_by("thread__agent__name")
     )
-    return [Blocked(agent=row["thread__agent__name"], threads=row["threads"], since=row["since"]) for row in rows]
+    blocked = [
+        Blocked(agent=row["thread__agent__name"], threads=row["threads"], since=row["since"])
+        for row in rows
+        if row["approvals"]
+    ]
+    return Waiting(
+        agents=[row["thread__agent__name"] for row in rows],
+        blocked=sorted(blocked, key=lambda item: item.since),  # stable: agents waiting as long by name
+        pending=sum(row["approvals"] for row in rows),
+    )
 
 
 def policies_listed() -> QuerySet[ApprovalPolicy]:
@@ -147,29 +180,6 @@ _OUTCOME_TONES = {
 }
 
 
-@dataclass(frozen=True)
-class Following:
-    """The checkpoint an agent wrote next after a decision, as an inbox row links to it."""
-
-    id: UUID
-    seq: int
-    label: str
-
-
-_FOLLOWING_FIELDS = ("pk", "next_checkpoint_id", "next_checkpoint_seq", "next_checkpoint_label")
-
-
-def next_checkpoints(approval_ids: Collection[UUID]) -> dict[UUID, Following]:
-    """For each of the decided `approval_ids` whose agent wrote again: the checkpoint it wrote next
-    (as `with_next_checkpoint`). One query, none for no ids."""
-    if not approval_ids:
-        return {}
-    rows = with_next_checkpoint(ApprovalRequest.objects.filter(pk__in=list(approval_ids))).values_list(
-        *_FOLLOWING_FIELDS
-    )
-    return {pk: Following(id=next_id, seq=seq, label=label) for pk, next_id, seq, label in rows if next_id}
-
-
 def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:
     """The checkpoint `approval`'s agent wrote next after the decision (as `with_next_checkpoint`)."""
     if approval.decided_at is None:
@@ -180,6 +190,26 @@ def next_checkpoint(approval: ApprovalRequest) -> Checkpoint | None:
         created_at__gte=approval.decided_at,
     )  # fmt: skip
     return later.order_by("seq").first()
+
+
+def with_voters(approvals: QuerySet[ApprovalRequest]) -> QuerySet[ApprovalRequest]:
+    """`approvals` annotated with the names of who approved and who rejected so far, in the order
+    they voted, read with `quorum_of`: subqueries in the approvals' own query, no query of its own."""
+
+    def voters(decision: str) -> ArraySubquery:
+        votes = ApprovalVote.objects.filter(approval_id=OuterRef("pk"), decision=decision).order_by("created_at", "id")
+        return ArraySubquery(votes.values("user__username"))
+
+    return approvals.annotate(approved_by=voters(VoteDecision.APPROVE), rejected_by=voters(VoteDecision.REJECT))
+
+
+def quorum_of(approval: ApprovalRequest) -> Quorum:
+    """The quorum of an approval read through `with_voters` (with its `policy`)."""
+    return Quorum.under(
+        approval.policy,
+        approved_by=getattr(approval, "approved_by", []),
+        rejected_by=getattr(approval, "rejected_by", []),
+    )
 
 
 # Characters of a decision's comment the thread list keeps (in a title).

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -12,7 +13,7 @@ from django import forms
 from django.contrib import messages
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -23,10 +24,11 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_http_methods
 
 from approvals import policies, selectors, services
+from approvals.inbox_page import blocked_chips, inbox_rows
 from approvals.models import ApprovalKind, ApprovalRequest, ApprovalStatus, Risk
 from audit.trail import client_address
 from checkpoints import storage
-from checkpoints.access import visible_threads
+from checkpoints.access import of_visible_threads, visible_threads
 from checkpoints.models import Checkpoint
 from checkpoints.presentation import conversation, diffview
 from checkpoints.storage.errors import IntegrityFailure
@@ -68,12 +70,10 @@ def _approvals(user: Any) -> Any:
     )
 
 
-def _inbox_rows(user: Any) -> Any:
+def _inbox_rows() -> Any:
     """What an inbox row shows, and no more (the approval page reads the rest: `_approvals`)."""
-    return (
-        ApprovalRequest.objects.filter(thread__in=visible_threads(user))
-        .select_related("thread__agent", "decided_by", "policy__escalate_to", "rule")
-        .prefetch_related("votes__user")
+    return selectors.with_voters(
+        ApprovalRequest.objects.select_related("thread__agent", "decided_by", "policy__escalate_to", "rule")
     )
 
 
@@ -84,40 +84,24 @@ def inbox(request: HttpRequest) -> HttpResponse:
         raise invalid_filters(form)
     status = form.cleaned_data["status"] or ApprovalStatus.PENDING
     mine = form.cleaned_data["view"] == "mine"
-    approvals = _approvals(request.user).filter(status=status).defer("checkpoint__payload")
+    readable = of_visible_threads(ApprovalRequest.objects.all(), request.user)
+    approvals = readable.filter(status=status)
     if form.cleaned_data["agent"]:
         approvals = approvals.filter(thread__agent__name=form.cleaned_data["agent"])
     if mine and isinstance(request.user, User):
         approvals = selectors.assigned_to(approvals, request.user)
-    # Pending work oldest first (it has waited longest) unless asked newest first; decided ones
-    # newest first. Pages follow on from the (time, id) of the last one shown, so a decision
-    # meanwhile skips or repeats nothing.
+    pending = status == ApprovalStatus.PENDING
     after = form.cleaned_data["after"]
-    if status == ApprovalStatus.PENDING and form.cleaned_data["sort"] == "newest":
-        ordered = approvals.annotate(at=F("created_at")).order_by("-at", "-id")
-        if after is not None:
-            ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
-    elif status == ApprovalStatus.PENDING:
-        ordered = approvals.annotate(at=F("created_at")).order_by("at", "id")
-        if after is not None:
-            ordered = ordered.filter(Q(at__gt=after[0]) | Q(at=after[0], id__gt=after[1]))
-    else:
-        ordered = approvals.annotate(at=Coalesce("decided_at", "created_at")).order_by("-at", "-id")
-        if after is not None:
-            ordered = ordered.filter(Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1]))
-    # The page's ids first (a narrow query the index can stop early for), then their rows with
-    # everything a row shows: sorting hundreds of wide joined rows to keep a hundred cost more.
-    page = list(ordered.values_list("pk", "at")[: INBOX_SIZE + 1])
-    loaded = _inbox_rows(request.user).in_bulk([pk for pk, _ in page[:INBOX_SIZE]])
-    shown = [loaded[pk] for pk, _ in page[:INBOX_SIZE] if pk in loaded]
-    following = None
-    if len(page) > INBOX_SIZE:
-        last_id, last_at = page[INBOX_SIZE - 1]
-        following = PageLinkField.link(last_at, last_id)
+    shown, following = _page(approvals, pending=pending, newest=form.cleaned_data["sort"] == "newest", after=after)
     first_query, next_query = page_queries(request, "after", following)
+    # Every agent with approvals here, not only those shown (the filter suggests the others), who
+    # is blocked on a person, and the nav's count of what is pending, all in one query.
+    waiting = selectors.waiting_by_agent(readable)
+    now = timezone.now()
     context = {
         "nav": "inbox",
-        "approvals": _with_next_steps(shown),
+        "pending_approvals": waiting.pending,
+        "approvals": inbox_rows(shown, now=now),
         "paged": after is not None,
         "first_query": first_query,
         "next_query": next_query,
@@ -128,21 +112,42 @@ def inbox(request: HttpRequest) -> HttpResponse:
         "agent": form.cleaned_data["agent"],
         "mine": mine,
         "newest": form.cleaned_data["sort"] == "newest",
-        "blocked": selectors.blocked_agents(_approvals(request.user)) if status == ApprovalStatus.PENDING else [],
+        "blocked": blocked_chips(waiting.blocked, now=now) if pending else [],
         "unclaimed": unclaimed_runs(threads=visible_threads(request.user)),
         # Where a decision taken from a row comes back to: this very list.
         "here": request.get_full_path(),
-        "triage": status == ApprovalStatus.PENDING and request.user.has_perm("checkpoints.decide_approval"),
-        # Every agent with approvals here, not only those shown: the filter suggests the others.
-        "agents": list(
-            _approvals(request.user)
-            .order_by("thread__agent__name")
-            .values_list("thread__agent__name", flat=True)
-            .distinct()
-        ),
-        "now": timezone.now(),
+        "triage": pending and request.user.has_perm("checkpoints.decide_approval"),
+        "agents": waiting.agents,
+        "now": now,
     }
     return render(request, "approvals/inbox.html", context)
+
+
+def _page(
+    approvals: QuerySet[ApprovalRequest], *, pending: bool, newest: bool, after: tuple[datetime, UUID] | None
+) -> tuple[list[ApprovalRequest], str | None]:
+    """One page of `approvals` with what their rows show, and the link to the page after (None on
+    the last). Pending work oldest first (it has waited longest) unless asked newest first; decided
+    work newest first. Pages follow on from the (time, id) of the last one shown, so a decision
+    meanwhile skips or repeats nothing."""
+    at: F | Coalesce = F("created_at") if pending else Coalesce("decided_at", "created_at")
+    newest = newest or not pending
+    order = ("-at", "-id") if newest else ("at", "id")
+    ordered = approvals.annotate(at=at).order_by(*order)
+    if after is not None:
+        earlier = Q(at__lt=after[0]) | Q(at=after[0], id__lt=after[1])
+        later = Q(at__gt=after[0]) | Q(at=after[0], id__gt=after[1])
+        ordered = ordered.filter(earlier if newest else later)
+    # One query: the page's ids (a narrow subquery the index can stop early for), then their rows
+    # with everything a row shows: sorting hundreds of wide joined rows to keep fifty cost more.
+    page = _inbox_rows().filter(pk__in=ordered.values("pk")[: INBOX_SIZE + 1]).annotate(at=at).order_by(*order)
+    if not pending:
+        page = selectors.with_next_checkpoint(page)
+    read = list(page)
+    if len(read) <= INBOX_SIZE:
+        return read, None
+    last = read[INBOX_SIZE - 1]
+    return read[:INBOX_SIZE], PageLinkField.link(getattr(last, "at"), last.pk)  # noqa: B009 (annotated, not a field)
 
 
 @viewer_required
@@ -250,16 +255,6 @@ def _next_step(approval: ApprovalRequest) -> NextStep | None:
         return None
     run = Run.objects.filter(approval=approval).order_by("-created_at").first()
     return NextStep(run=run, checkpoint=selectors.next_checkpoint(approval))
-
-
-def _with_next_steps(rows: list[ApprovalRequest]) -> list[ApprovalRequest]:
-    """`rows` with `next_checkpoint` set on each decided one: the checkpoint its agent wrote next
-    (`selectors.Following`), or None. One query for the page, none for pending rows."""
-    decided = [row.pk for row in rows if row.status != ApprovalStatus.PENDING]
-    following = selectors.next_checkpoints(decided)
-    for row in rows:
-        setattr(row, "next_checkpoint", following.get(row.pk))  # noqa: B010 (not a model field: read by the row's template)
-    return rows
 
 
 @viewer_required

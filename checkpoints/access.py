@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied as Forbidden
-from django.db.models import QuerySet
+from django.db.models import Model, QuerySet
 from django.http import Http404
 from rest_framework.exceptions import PermissionDenied
 
@@ -14,15 +14,32 @@ from checkpoints.models import Checkpoint, Thread
 from checkpoints.storage.lru import LRU
 from quicksave_agents.auth import AgentPrincipal
 
+M = TypeVar("M", bound=Model)
+
 
 def visible_threads(principal: Any) -> QuerySet[Thread]:
     """Threads the caller may read: an agent key sees its own agent's threads only."""
     threads = Thread.objects.all()
     if isinstance(principal, AgentPrincipal):
         return threads.filter(agent_id=principal.agent.pk)
-    if getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"):
+    if _reads_every_thread(principal):
         return threads
     return threads.none()
+
+
+def of_visible_threads(rows: QuerySet[M], principal: Any, *, thread: str = "thread") -> QuerySet[M]:
+    """`rows` of the threads the caller may read (as `visible_threads`), through their foreign key
+    `thread`. For a person who may read every thread, `rows` as they are: `thread__in=` every
+    thread would join the whole thread table in each query for nothing."""
+    if isinstance(principal, AgentPrincipal):
+        return rows.filter(**{f"{thread}__agent_id": principal.agent.pk})
+    if _reads_every_thread(principal):
+        return rows
+    return rows.none()
+
+
+def _reads_every_thread(principal: Any) -> bool:
+    return bool(getattr(principal, "is_authenticated", False) and principal.has_perm("checkpoints.view_thread"))
 
 
 def get_thread_for(principal: Any, thread_id: Any) -> Thread:

@@ -14,10 +14,7 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +23,6 @@ import pytest
 import websockets
 from django.test import Client as BrowserClient
 from opentelemetry import propagate
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -41,78 +34,11 @@ from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.models import Run, RunReason
 from quicksave_agents.runtime import start_thread
 from tests.conftest import person
+from tests.otlp import Receiver
 from tests.processes import ROOT, Workers, database_url, free_port, start_server, stop
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
-
-
-@dataclass(frozen=True)
-class Span:
-    service: str
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    attributes: dict[str, Any]
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1: keeps every span exported to /v1/traces."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver._keep(request)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def _keep(self, request: ExportTraceServiceRequest) -> None:
-        found = []
-        for resource_spans in request.resource_spans:
-            resource = {a.key: a.value.string_value for a in resource_spans.resource.attributes}
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    attributes = {a.key: _value(a.value) for a in span.attributes}
-                    found.append(Span(resource.get("service.name", ""), span.name, span.trace_id.hex(),
-                                      span.span_id.hex(), span.parent_span_id.hex(), attributes))  # fmt: skip
-        with self._lock:
-            self.spans.extend(found)
-
-    def trace(self, trace_id: str) -> list[Span]:
-        with self._lock:
-            return [span for span in self.spans if span.trace_id == trace_id]
-
-    def __enter__(self) -> Receiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    return getattr(value, kind) if kind else None
 
 
 def otel_env(receiver: Receiver, service: str) -> dict[str, str]:

@@ -126,6 +126,10 @@ def test_the_inbox_page_makes_as_many_queries_for_forty_rows_as_for_two(reviewer
     file_approvals(agent, 38, first=2)
 
     assert queries() == few
+    # The session, the person, their permissions (2) and roles; the rows, with the page's ids and
+    # who voted found in the same query; every agent's pending count (the blocked list, the
+    # filter's names and the nav's count); the runs no worker claimed.
+    assert few <= 8
 
 
 def test_a_long_argument_list_is_cut_to_the_row_with_an_ellipsis(reviewer_page: Client, agent: Agent) -> None:

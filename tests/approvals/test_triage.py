@@ -71,6 +71,17 @@ def test_roles_assign_by_rank(rita: User) -> None:
     assert list(assigned_to(pending(), ada)) == [approval]
 
 
+def test_a_reviewers_policy_is_assigned_to_reviewers_admins_and_superusers(rita: User) -> None:
+    ada, vera = person("ada", "admin"), person("vera", "viewer")
+    root = User.objects.create_superuser("root", password="root-password-1")
+    policy(role="reviewer", actor=ada)
+    approval = waiting()
+
+    for decider in (rita, ada, root):
+        assert list(assigned_to(pending(), decider)) == [approval]
+    assert not assigned_to(pending(), vera).exists()
+
+
 def test_the_inbox_and_the_api_filter_to_what_is_assigned_to_me(rita: User) -> None:
     policy(groups=(group_of("finance"),))
     waiting()
@@ -176,6 +187,17 @@ def test_the_inbox_counts_the_agents_blocked_on_a_person_and_for_how_long(rita: 
     travel = strip.index('<span class="mono">travel</span> 2 threads, waiting <time')
     assert ">3\xa0hours</time>" in strip[travel:]
     assert travel < strip.index('<span class="mono">code-review</span> 1 thread,')  # longest wait first
+
+
+def test_the_inbox_nav_counts_everything_pending_whatever_the_list_shows(rita: User) -> None:
+    policy(groups=(group_of("finance"),))
+    waiting()
+    waiting(agent="code-review", action="merge")
+    decide(approval=waiting(agent="code-review", action="deploy"), user=rita, decision="approve")
+    page = signed_in(rita)
+
+    for shown in ("/inbox/", "/inbox/?view=mine", "/inbox/?agent=code-review", "/inbox/?status=approved"):
+        assert '<span class="nav-count" aria-label="2 pending">2</span>' in page.get(shown).content.decode()
 
 
 def test_newest_first_reverses_the_waiting_longest_order(rita: User) -> None:

@@ -13,19 +13,13 @@ import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 from django.utils import timezone
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from approvals.services import decide, request_approval
 from checkpoints import forks, genai_live, storage
@@ -34,93 +28,12 @@ from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent, Run, RunReason, RunStatus
 from quicksave_agents.runs import claim_run, enqueue_run, finish_run
 from tests.conftest import person
+from tests.otlp import Receiver, Span
 from tests.processes import ROOT, free_port
 from tests.waiting import wait_until
 
-SPAN_KIND = {1: "internal", 2: "server", 3: "client"}
 CONTENT_KEYS = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.tool.call.arguments",
                 "gen_ai.tool.call.result", "quicksave.approval.args"}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Span:
-    name: str
-    trace_id: str
-    span_id: str
-    parent_id: str
-    kind: str
-    attributes: dict[str, Any]
-    events: list[tuple[str, dict[str, Any]]]
-    start: int
-    end: int
-    status: int
-    service: str
-
-
-class Receiver:
-    """An OTLP/HTTP trace receiver on 127.0.0.1 keeping every span posted to /v1/traces."""
-
-    def __init__(self) -> None:
-        self.spans: list[Span] = []
-        self.paths: list[str] = []
-        self._lock = threading.Lock()
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver._keep(self.path, request)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    def _keep(self, path: str, request: ExportTraceServiceRequest) -> None:
-        found = []
-        for resource_spans in request.resource_spans:
-            service = next((a.value.string_value for a in resource_spans.resource.attributes
-                            if a.key == "service.name"), "")  # fmt: skip
-            for scope_spans in resource_spans.scope_spans:
-                for span in scope_spans.spans:
-                    found.append(Span(
-                        span.name, span.trace_id.hex(), span.span_id.hex(), span.parent_span_id.hex(),
-                        SPAN_KIND.get(span.kind, str(span.kind)), {a.key: _value(a.value) for a in span.attributes},
-                        [(e.name, {a.key: _value(a.value) for a in e.attributes}) for e in span.events],
-                        span.start_time_unix_nano, span.end_time_unix_nano, span.status.code, service,
-                    ))  # fmt: skip
-        with self._lock:
-            self.paths.append(path)
-            self.spans.extend(found)
-
-    def named(self, prefix: str) -> list[Span]:
-        with self._lock:
-            return [span for span in self.spans if span.name.startswith(prefix)]
-
-    def __enter__(self) -> Receiver:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def _value(value: Any) -> Any:
-    kind = value.WhichOneof("value")
-    if kind == "array_value":
-        return [_value(item) for item in value.array_value.values]
-    return getattr(value, kind) if kind else None
 
 
 @pytest.fixture
@@ -170,7 +83,7 @@ def chat_thread(
 
 def export(receiver: Receiver, *options: str, **kwargs: Any) -> str:
     err = io.StringIO()
-    call_command("export_genai", "--endpoint", receiver.url, "--no-progress", *options, stderr=err, **kwargs)
+    call_command("export_genai", "--endpoint", receiver.traces_url, "--no-progress", *options, stderr=err, **kwargs)
     return err.getvalue()
 
 
@@ -345,7 +258,7 @@ def test_live_export_sends_an_agents_spans_as_its_checkpoints_are_appended_and_t
 ) -> None:
     listed, unlisted = get_or_create_agent(name="travel"), get_or_create_agent(name="code-review")
     with override_settings(
-        QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}), QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url
+        QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}), QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.traces_url
     ):
         chat_thread(unlisted)
         thread, written = chat_thread(listed, steps=STEPS[:3], status_last="running")
@@ -375,7 +288,7 @@ def test_live_export_sends_an_agents_spans_as_its_checkpoints_are_appended_and_t
 @pytest.mark.django_db(transaction=True)
 def test_live_export_sends_content_only_when_switched_on(receiver: Receiver) -> None:
     agent = get_or_create_agent(name="travel")
-    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.url}
+    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.traces_url}
     with override_settings(**live, QUICKSAVE_GENAI_CAPTURE_CONTENT=True):
         chat_thread(agent, steps=STEPS[:3], status_last="running")
         assert genai_live.flush()
@@ -401,7 +314,7 @@ def test_a_stuck_export_does_not_hold_up_the_writer(receiver: Receiver, monkeypa
     monkeypatch.setattr(genai_live._Exporter, "_spans", stuck)
     try:
         with override_settings(QUICKSAVE_GENAI_LIVE_AGENTS=frozenset({"travel"}),
-                               QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.url):  # fmt: skip
+                               QUICKSAVE_GENAI_OTLP_ENDPOINT=receiver.traces_url):  # fmt: skip
             thread, written = chat_thread(agent)  # four appends, each committed and handed over
             assert entered.wait(timeout=10)
             # Every write went through while the export thread is still stuck on the first event.
@@ -435,7 +348,7 @@ def test_live_export_sends_a_runs_span_when_it_ends_and_an_approvals_span_when_i
     receiver: Receiver,
 ) -> None:
     agent = get_or_create_agent(name="travel")
-    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.url}
+    live = {"QUICKSAVE_GENAI_LIVE_AGENTS": frozenset({"travel"}), "QUICKSAVE_GENAI_OTLP_ENDPOINT": receiver.traces_url}
     with override_settings(**live):
         claimed: list[Run] = []
 

@@ -9,9 +9,9 @@ from urllib.parse import urlparse
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from checkpoints import genai, trajectories
-from checkpoints.management.commands.export_training import BAR_WIDTH, _when
-from checkpoints.models import Thread, ThreadStatus
+from checkpoints import genai
+from checkpoints.management.trajectory_options import add_filter_arguments, chosen, progress_bar
+from checkpoints.models import Thread
 from quicksave import telemetry
 
 
@@ -23,10 +23,7 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--agent", help="Only this agent's threads (its name)")
-        parser.add_argument("--since", help="Threads started at or after this time (ISO 8601)")
-        parser.add_argument("--until", help="Threads started before this time (ISO 8601)")
-        parser.add_argument("--outcome", choices=ThreadStatus.values, help="Only threads with this status")
+        add_filter_arguments(parser)
         parser.add_argument("--endpoint", help="The OTLP/HTTP traces URL, e.g. http://collector:4318/v1/traces")
         parser.add_argument(
             "--content", action="store_true",
@@ -41,19 +38,12 @@ class Command(BaseCommand):
             raise CommandError(f"--endpoint must be an http:// or https:// URL, got {endpoint!r}.")
         if not 0 < options["timeout"] <= 600:
             raise CommandError("--timeout must be more than 0 and at most 600 seconds.")
-        chosen = trajectories.Filter(
-            agent=options["agent"], since=_when(options["since"], "--since"), until=_when(options["until"], "--until"),
-            outcome=options["outcome"],
-        )  # fmt: skip
-        threads = chosen.apply(Thread.objects.all())
-        total = threads.filter(head__isnull=False).count()
+        threads = chosen(options).apply(Thread.objects.all())
+        bar = progress_bar(self.stderr, threads.filter(head__isnull=False).count(), "threads")
         exporter = telemetry.span_exporter(endpoint or None, timeout=options["timeout"])
 
         def progress(sent: genai.Sent) -> None:
-            seen = sent.threads + sent.skipped
-            filled = BAR_WIDTH * seen // total if total else BAR_WIDTH
-            self.stderr.write(f"\r[{'#' * filled}{'.' * (BAR_WIDTH - filled)}] {seen}/{total} threads", ending="")
-            self.stderr.flush()
+            bar(sent.threads + sent.skipped)
 
         try:
             sent = genai.export(genai.thread_pages(threads), exporter, content=options["content"],

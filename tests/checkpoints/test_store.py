@@ -126,6 +126,8 @@ def test_stale_parent_is_rejected_with_head(thread: Thread) -> None:
     with pytest.raises(StaleParent):
         storage.append_checkpoint(thread=thread, parent=None, state={"n": 3})
     assert Checkpoint.objects.filter(thread=thread).count() == 2
+    thread.refresh_from_db()
+    assert thread.event_seq == 3  # thread.created and two checkpoints: a refused write takes no seq
 
 
 @pytest.mark.django_db(transaction=True)
@@ -159,8 +161,10 @@ def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: 
     assert sorted(outcomes) == ["stale"] * 19 + ["won"]
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == [1, 2, 3, 4, 5]
-    events = list(Event.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
-    assert events == list(range(1, len(events) + 1))
+    # The 19 losers took no event seq: thread.created and five checkpoints, numbered without a gap.
+    events = [seq for seq, _, _ in storage.events_after(thread_id=thread.pk, seq=0, limit=100)]
+    thread.refresh_from_db()
+    assert events == [1, 2, 3, 4, 5, 6] and thread.event_seq == 6
 
 
 @pytest.mark.django_db(transaction=True)
@@ -190,6 +194,9 @@ def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) ->
 
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, 42))
+    events = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
+    assert [seq for seq, _, _ in events] == list(range(1, 43))  # thread.created, then each checkpoint once
+    assert [data["seq"] for _, kind, data in events if kind == "checkpoint.created"] == seqs
     _, state = storage.latest_state(thread=thread)
     assert sorted(state["log"]) == sorted(f"{n}.{i}" for n in range(4) for i in range(10))
 

@@ -58,8 +58,9 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from bench.peers import english_text, relation_bytes, server_url
 from bench.quicksave_runs import TABLES
 
-# A database of its own: the other benchmarks empty quicksave_bench's tables when they start.
-DB_NAME = "quicksave_bench_frameworks"
+# A database of its own: the other benchmarks empty quicksave_bench's tables when they start
+# (BENCH_FRAMEWORKS_DATABASE_NAME names another, so that two trees' runs do not share one).
+DB_NAME = os.environ.get("BENCH_FRAMEWORKS_DATABASE_NAME") or "quicksave_bench_frameworks"
 APP = "bench-adk"
 USER = "bench-user"
 WINDOW = 20

@@ -275,7 +275,8 @@ def _kept_row(
         return parent.chain_length + step, parent.chain_bytes + own_bytes
 
     def too_long(length: int, chain_bytes: int) -> bool:
-        return length >= snapshot_every or chain_bytes * storage.REPLAY_COST_PER_BYTE > row.state_bytes
+        return storage.needs_snapshot(chain_length=length, chain_bytes=chain_bytes, state_bytes=row.state_bytes,
+                                      every=snapshot_every)  # fmt: skip
 
     def snapshot() -> _Kept:
         return keep(parent_id, PayloadKind.SNAPSHOT, _encode(row, state, seal), 0, 0, rewritten=True)

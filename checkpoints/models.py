@@ -167,6 +167,11 @@ class Checkpoint(models.Model):
     state_bytes = models.IntegerField(help_text="Size of the materialised state as canonical JSON.")
     integrity = models.BinaryField(max_length=32)
     created_at = models.DateTimeField(default=timezone.now)
+    # The seq of this checkpoint's `checkpoint.created` event in its thread's log: the event is this
+    # row (storage.events_after reads it beside the `Event` table). Null for a checkpoint written
+    # when its event was an `Event` row, and for one whose row compaction rewrote (its event is
+    # an `Event` row again, saying what the row said when it was published).
+    event_seq = models.BigIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["thread", "branch", "seq"]
@@ -180,6 +185,11 @@ class Checkpoint(models.Model):
             models.Index(
                 "thread", Collate(KT("metadata__lg_id"), "C"), name="checkpoint_langgraph_id",
                 condition=models.Q(metadata__has_key="lg_id"),
+            ),
+            # A socket's replay of the checkpoints' events after the seq it last saw (events_after).
+            models.Index(
+                fields=["thread", "event_seq"], name="checkpoint_event_seq",
+                condition=models.Q(event_seq__isnull=False),
             ),
         ]  # fmt: skip
 
@@ -303,6 +313,9 @@ class Event(models.Model):
 
     `seq` comes from the thread row's counter, bumped under that row's lock, so
     events of one thread commit in seq order and a reader never sees a gap fill in later.
+    A checkpoint's own event (`checkpoint.created`) is its row, numbered by `Checkpoint.event_seq`
+    from the same counter; this table holds every other event, and the checkpoint events of rows
+    written before that or rewritten by compaction.
     """
 
     # Written in the same statement that locks the thread row, so the row exists;

@@ -41,12 +41,14 @@ from checkpoints.storage.history import encode_cursor as encode_history_cursor
 from checkpoints.storage.nodes import Node
 from checkpoints.storage.payloads import Row, decode_payload, encode_payload, mac_fields, payload_ad
 from checkpoints.storage.reads import (
+    REPLAY_BUDGET,
     REPLAY_COST_PER_BYTE,
     clear_caches,
     clone,
     diff,
     latest_state,
     load_node,
+    needs_snapshot,
     state_at,
     states_along,
 )
@@ -76,6 +78,7 @@ __all__ = [
     "MAIN_BRANCH",
     "MAX_KEY_LENGTH",
     "MAX_TOOL_LENGTH",
+    "REPLAY_BUDGET",
     "REPLAY_COST_PER_BYTE",
     "Collected",
     "IntegrityFailure",
@@ -111,6 +114,7 @@ __all__ = [
     "load_node",
     "mac_fields",
     "mac_matches",
+    "needs_snapshot",
     "payload_ad",
     "put_tool_result",
     "put_tool_results",

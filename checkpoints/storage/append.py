@@ -5,11 +5,14 @@ A checkpoint stores the RFC 6902 patch from its parent's state (a delta), so a
 write costs O(change). Every so often it stores the full state instead (a
 snapshot): when `QUICKSAVE_SNAPSHOT_EVERY` deltas have piled up since the last
 one, or when replaying the deltas since the last snapshot would cost more than
-reading a snapshot (see REPLAY_COST_PER_BYTE). For a state that grows by
-appending (a message log) that second rule doubles the distance between
-snapshots, so their total size stays about twice the final state, storage stays
-linear in the thread's length, and reading any state costs at most about one
-and a half times its size.
+REPLAY_BUDGET times reading the state whole (see REPLAY_COST_PER_BYTE). For a
+state that grows by appending (a message log whose patches add little beside the
+values they append) that second rule spaces snapshots up to eightfold apart, so
+their total size is about half the final state on average over thread lengths
+(1 / ln 8) where snapshots twice apart stored 1.44 times it; in that cost model
+reading any state costs at most 1.875 times reading it whole (a state rewritten
+in place: 2.75 times; 1.5 and 2 with snapshots twice apart). The count rule still
+bounds the rows a cold read replays. docs/storage-bytes.md has the figures.
 
 States already materialised are kept in a per-process cache keyed by checkpoint
 id. Checkpoints are immutable, so the cache never goes stale; it only saves the
@@ -26,7 +29,6 @@ from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 import psycopg
-from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, IntegrityError, transaction
 from django.utils import timezone
 from psycopg.types.json import Jsonb
@@ -49,8 +51,8 @@ from checkpoints.storage.errors import (
 )
 from checkpoints.storage.nodes import Node, states
 from checkpoints.storage.payloads import offloaded, seal_payload
-from checkpoints.storage.reads import REPLAY_COST_PER_BYTE, load_node
-from checkpoints.storage.threads import checkpoint_event, checkpoint_event_reference
+from checkpoints.storage.reads import load_node, needs_snapshot
+from checkpoints.storage.threads import checkpoint_event
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
 from quicksave_agents import fencing
@@ -135,11 +137,8 @@ def append_checkpoint(
     delta, new_state, state_bytes = next_state(parent_node, state=state, patch=patch)
     chain_length = parent_node.chain_length + 1 if parent_node else 0
     chain_bytes = parent_node.chain_bytes + len(delta) if parent_node else 0
-    if (
-        parent_node is None
-        or chain_length >= settings.QUICKSAVE_SNAPSHOT_EVERY
-        or chain_bytes * REPLAY_COST_PER_BYTE > state_bytes
-    ):
+    if parent_node is None or needs_snapshot(chain_length=chain_length, chain_bytes=chain_bytes,
+                                             state_bytes=state_bytes):  # fmt: skip
         kind, canonical, chain_length, chain_bytes = PayloadKind.SNAPSHOT, codec.to_canonical_bytes(new_state), 0, 0
     else:
         kind, canonical = PayloadKind.DELTA, delta
@@ -161,12 +160,11 @@ def append_checkpoint(
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
         **fencing.params(fence),
-        # Published whole; stored as a reference to this row, which holds the rest (threads.events_after).
-        "event": Jsonb(dumps=codec.dumps, obj=checkpoint_event(
+        # Published once committed; stored as this row itself (threads.events_after).
+        "event": checkpoint_event(
             checkpoint_id=checkpoint_id, parent_id=parent_id, branch=branch_name, seq=seq, step=step, label=label,
             status=fields["status"],
-        )),
-        "event_reference": Jsonb(checkpoint_event_reference(checkpoint_id), dumps=codec.dumps),
+        ),
     }  # fmt: skip
 
     if tool_results:
@@ -218,23 +216,26 @@ def _parent_node(parent_id: UUID, *, thread: Thread) -> Node:
     return node
 
 
-# One statement inserts the checkpoint, bumps the thread and logs the event, so a
-# write is atomic even in autocommit and costs one round trip. The unique
+# One statement inserts the checkpoint, which is its own `checkpoint.created` event, and bumps
+# the thread, so a write is atomic even in autocommit and costs one round trip. The unique
 # (thread, branch, seq) index is the optimistic lock: seq is the parent's seq + 1,
 # so of N writers with the same parent exactly one inserts and the rest conflict
-# (a conflicting insert waits for the winner to commit, then does nothing).
+# (a conflicting insert waits for the winner to commit, then does nothing). The event's seq is
+# the thread's counter + 1, read under the thread row's lock (the lock the bump takes anyway,
+# held to commit), so a thread's events commit in seq order and a loser bumps nothing: no gap.
 _APPEND_SQL = """
 WITH cp AS (
     INSERT INTO checkpoints_checkpoint (
         id, thread_id, branch_id, parent_id, seq, step, label, status, source, model_name, model_version,
         temperature, top_p, seed, metadata, schema_version, kind, payload, chain_length, chain_bytes,
-        state_bytes, integrity, created_at)
+        state_bytes, integrity, created_at, event_seq)
     SELECT %(id)s::uuid, %(thread_id)s::uuid, %(branch_id)s::bigint, %(parent_id)s::uuid, %(seq)s::bigint,
         %(step)s::bigint, %(label)s::text, %(status)s::text, %(source)s::text, %(model_name)s::text,
         %(model_version)s::text, %(temperature)s::float8, %(top_p)s::float8, %(seed)s::bigint,
         %(metadata)s::jsonb, %(schema_version)s::bigint, %(kind)s::bigint, %(payload)s::bytea,
         %(chain_length)s::bigint, %(chain_bytes)s::bigint, %(state_bytes)s::bigint, %(integrity)s::bytea,
-        %(created_at)s::timestamptz
+        %(created_at)s::timestamptz,
+        (SELECT t.event_seq + 1 FROM checkpoints_thread t WHERE t.id = %(thread_id)s::uuid FOR NO KEY UPDATE)
     -- The MAC this row chains from must still be its parent's: a parent rewritten by compaction
     -- since this process cached it makes the write retry from the stored row.
     WHERE (%(parent_id)s::uuid IS NULL OR EXISTS (
@@ -245,27 +246,22 @@ WITH cp AS (
     -- A run's write only while its attempt still holds the run (quicksave_agents.fencing).
     AND {fence}
     ON CONFLICT (thread_id, branch_id, seq) DO NOTHING
-    RETURNING id
-), bumped AS (
-    UPDATE checkpoints_thread SET
-        event_seq = event_seq + 1,
-        -- At most once a second, so most of these updates touch no indexed column (HOT).
-        updated_at = CASE WHEN updated_at < %(created_at)s::timestamptz - interval '1 second'
-                          THEN %(created_at)s::timestamptz ELSE updated_at END,
-        head_id = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(id)s::uuid ELSE head_id END,
-        step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::bigint ELSE step END,
-        -- A cancellation stands: an agent still writing afterwards does not undo it (a person's fork may).
-        status = CASE WHEN active_branch_id = %(branch_id)s::bigint
-                           AND (status <> 'cancelled' OR %(source)s::text = 'human')
-                      THEN %(status)s::text ELSE status END
-    WHERE id = %(thread_id)s::uuid AND EXISTS (SELECT 1 FROM cp)
     RETURNING event_seq
 )
-INSERT INTO checkpoints_event (thread_id, seq, type, data, created_at)
-SELECT %(thread_id)s::uuid, bumped.event_seq, 'checkpoint.created', %(event_reference)s::jsonb,
-    %(created_at)s::timestamptz
-FROM bumped
-RETURNING seq
+UPDATE checkpoints_thread SET
+    event_seq = cp.event_seq,
+    -- At most once a second, so most of these updates touch no indexed column (HOT).
+    updated_at = CASE WHEN updated_at < %(created_at)s::timestamptz - interval '1 second'
+                      THEN %(created_at)s::timestamptz ELSE updated_at END,
+    head_id = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(id)s::uuid ELSE head_id END,
+    step = CASE WHEN active_branch_id = %(branch_id)s::bigint THEN %(step)s::bigint ELSE step END,
+    -- A cancellation stands: an agent still writing afterwards does not undo it (a person's fork may).
+    status = CASE WHEN active_branch_id = %(branch_id)s::bigint
+                       AND (status <> 'cancelled' OR %(source)s::text = 'human')
+                  THEN %(status)s::text ELSE status END
+FROM cp
+WHERE id = %(thread_id)s::uuid
+RETURNING cp.event_seq
 """.replace("{fence}", fencing.SQL)
 
 # Every column, in model order, as Model.from_db wants them.
@@ -288,8 +284,9 @@ def _append(params: dict[str, Any]) -> bool:
         raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
     if not rows:
         return False
+    params["event_seq"] = int(rows[0][0])
     live.publish_on_commit(
-        thread_id=params["thread_id"], seq=int(rows[0][0]), type="checkpoint.created", data=params["event"].obj
+        thread_id=params["thread_id"], seq=params["event_seq"], type="checkpoint.created", data=params["event"]
     )
     return True
 

@@ -14,7 +14,7 @@ import json
 import struct
 import zlib
 from datetime import UTC, datetime, timedelta
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 from uuid import UUID
 
@@ -22,6 +22,7 @@ import orjson
 import zstandard
 from django.conf import settings
 
+from checkpoints.storage import dictionaries
 from checkpoints.storage.jsonpatch import canonical_json, json_depth
 from checkpoints.storage.pool import Pool
 
@@ -29,8 +30,16 @@ RAW = b"\x00"
 ZLIB = b"\x01"
 # 0x02 opens a sealed value (crypto.SEALED), so the next plain frame is 0x03.
 ZSTD = b"\x03"
-# Below this size a frame header eats what compression saves.
-COMPRESS_FROM = 200
+# zstd primed with one of the built-in dictionaries (checkpoints/storage/dictionaries.py), the
+# frame without its magic number: the next byte names the dictionary. What every write of a value
+# below DICTIONARY_BELOW makes: a delta of one chat message is some 80 bytes smaller than a plain
+# zstd frame, and one of a short message compresses at all.
+ZSTD_DICT = b"\x04"
+# Below this size a frame header eats what compression saves, even with a dictionary.
+COMPRESS_FROM = 32
+# From this size on a dictionary saves nothing and zstd's parameters for the input's own size pack
+# tighter (a snapshot of 800 KB: 5% smaller), so large values are plain ZSTD frames.
+DICTIONARY_BELOW = 32 * 1024
 # zstd level 3: a megabyte snapshot of a long thread packs as tightly as zlib level 6 in 8 ms
 # instead of 63 and unpacks in 1.7 ms instead of 3.5; a kilobyte delta packs in 11 to 19 µs,
 # where zlib, which sets up a new stream each call, takes 30 to 120 µs to pack it some 4%
@@ -74,15 +83,19 @@ def check_depth(value: Any, *, base: int = 0) -> None:
 
 
 def encode(canonical: bytes) -> bytes:
-    """Frame canonical JSON bytes for storage: zstd-compressed when that pays, else as they are."""
+    """Frame canonical JSON bytes for storage: zstd-compressed with the current dictionary when
+    that pays, else as they are."""
     if len(canonical) >= COMPRESS_FROM:
-        compressor = _compressors.take()
+        tag, pool = (
+            (_DICT_FRAME, _dictionary_compressors) if len(canonical) < DICTIONARY_BELOW else (ZSTD, _compressors)
+        )
+        compressor = pool.take()
         try:
             packed = compressor.compress(canonical)
         finally:
-            _compressors.give_back(compressor)
-        if len(packed) < len(canonical):
-            return ZSTD + packed
+            pool.give_back(compressor)
+        if len(packed) + len(tag) <= len(canonical):
+            return tag + packed
     return RAW + canonical
 
 
@@ -90,15 +103,12 @@ def unframe(blob: bytes | memoryview) -> bytes:
     """The canonical JSON bytes inside a frame made by `encode`."""
     view = memoryview(blob)
     tag = bytes(view[:1])
+    if tag == ZSTD_DICT:
+        if len(view) < 2 or view[1] not in dictionaries.DICTIONARIES:
+            raise ValueError("zstd payload names no known dictionary")
+        return _unpack(_dictionary_decompressors(view[1]), view[2:])
     if tag == ZSTD:
-        try:
-            decompressor = _decompressors.take()
-            try:
-                return decompressor.decompress(view[1:])
-            finally:
-                _decompressors.give_back(decompressor)
-        except zstandard.ZstdError as exc:
-            raise ValueError(f"corrupt zstd payload: {exc}") from None
+        return _unpack(_decompressors, view[1:])
     if tag == ZLIB:
         return zlib.decompress(view[1:])
     if tag != RAW:
@@ -106,9 +116,39 @@ def unframe(blob: bytes | memoryview) -> bytes:
     return bytes(view[1:])
 
 
+def _unpack(pool: Pool[zstandard.ZstdDecompressor], packed: memoryview) -> bytes:
+    try:
+        decompressor = pool.take()
+        try:
+            return decompressor.decompress(packed)
+        finally:
+            pool.give_back(decompressor)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"corrupt zstd payload: {exc}") from None
+
+
+_DICT_FRAME = ZSTD_DICT + bytes([dictionaries.CURRENT])
+# The frame of a dictionary: no magic number (the tag says what follows), no dictionary id (the
+# next byte says which), the content size (the decompressor needs it).
+_DICT_FORMAT = zstandard.FORMAT_ZSTD1_MAGICLESS
+
+
+def _dictionary_compressor() -> zstandard.ZstdCompressor:
+    params = zstandard.ZstdCompressionParameters.from_level(
+        ZSTD_LEVEL, format=_DICT_FORMAT, write_content_size=1, write_dict_id=0, write_checksum=0
+    )
+    return zstandard.ZstdCompressor(dict_data=dictionaries.dictionary(dictionaries.CURRENT), compression_params=params)
+
+
+@cache
+def _dictionary_decompressors(number: int) -> Pool[zstandard.ZstdDecompressor]:
+    return Pool(lambda: zstandard.ZstdDecompressor(dict_data=dictionaries.dictionary(number), format=_DICT_FORMAT))
+
+
 # zstd's compressor and decompressor objects are not thread-safe: each is used by one thread
 # at a time, and reused by the next (making a context costs several times a small frame).
 _compressors = Pool(lambda: zstandard.ZstdCompressor(level=ZSTD_LEVEL))
+_dictionary_compressors = Pool(_dictionary_compressor)
 _decompressors = Pool(zstandard.ZstdDecompressor)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any, NamedTuple
 from uuid import UUID
 
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 
 from checkpoints.fields import associated_data
@@ -33,6 +34,20 @@ log = logging.getLogger(__name__)
 # is a row to fetch, a MAC to check, a payload to decode and a patch to apply), so
 # the store snapshots once the chain since the last snapshot holds half the state's bytes.
 REPLAY_COST_PER_BYTE = 2
+# How many times the cost of reading a state whole its replay from the last snapshot may cost
+# before the store writes a snapshot instead of a delta (checkpoints/storage/append.py says what
+# this buys: snapshots eightfold apart in a growing log).
+REPLAY_BUDGET = 1.75
+
+
+def needs_snapshot(*, chain_length: int, chain_bytes: int, state_bytes: int, every: int | None = None) -> bool:
+    """Whether a checkpoint `chain_length` deltas of `chain_bytes` after the last snapshot, of a
+    state of `state_bytes`, is stored as a snapshot (the store's rule, and compaction's with its
+    own `every` in place of QUICKSAVE_SNAPSHOT_EVERY)."""
+    return (
+        chain_length >= (settings.QUICKSAVE_SNAPSHOT_EVERY if every is None else every)
+        or chain_bytes * REPLAY_COST_PER_BYTE > REPLAY_BUDGET * state_bytes
+    )
 
 
 _ROW_COLUMNS = ", ".join(f"c.{name}" for name in Row._fields[:-1])

@@ -1,10 +1,12 @@
 """Threads and branches: creating, naming, deleting them, and the thread's event log.
 
-A checkpoint's `checkpoint.created` event (written by the append, in its one statement) stores
-only the checkpoint's id: everything else it says is the checkpoint row's own (its parent,
-branch, seq, step, label and status), read back with it by `events_after`. Before compaction
-rewrites or deletes a checkpoint row, `keep_checkpoint_events` writes those fields into its
-event, so the event goes on saying what happened.
+A checkpoint's `checkpoint.created` event is the checkpoint's row: the append numbers it
+(`Checkpoint.event_seq`) from the thread's counter in its one statement, and everything the event
+says is the row's own (its id, parent, branch, seq, step, label and status). `events_after` reads
+those rows and the `Event` table merged by seq. Before compaction rewrites or deletes a checkpoint
+row, `keep_checkpoint_events` writes its event into the `Event` table with what the row says, so
+the event goes on saying what happened. (Checkpoints written before their rows were their events
+have `Event` rows holding only their id, read back with the row's fields the same way.)
 """
 
 from __future__ import annotations
@@ -97,23 +99,29 @@ def checkpoint_event(
     }  # fmt: skip
 
 
-def checkpoint_event_reference(checkpoint_id: UUID) -> dict[str, Any]:
-    """What a checkpoint's event stores of it: the rest is the checkpoint's row (see events_after)."""
-    return {"checkpoint": str(checkpoint_id)}
-
-
-# A reference is an event without the fields only a checkpoint's full data has; an event stored
-# whole (before references, or kept by compaction) is replayed as stored.
+# An `Event` row of a checkpoint that holds only its id (written before checkpoint rows were their
+# own events) is read with the row's fields; one stored whole (kept by compaction) as stored.
 _IS_REFERENCE = "e.type = 'checkpoint.created' AND NOT e.data ? 'seq'"
+_CHECKPOINT_FIELDS = "c.id, c.parent_id, b.name, c.seq, c.step, c.label, c.status"
+# Each part reads at most `limit` rows through its index ((thread, seq) and (thread, event_seq)).
 _EVENTS_SQL = f"""
-SELECT e.seq, e.type, e.data, c.id, c.parent_id, b.name, c.seq, c.step, c.label, c.status
+(SELECT e.seq, e.type, e.data, {_CHECKPOINT_FIELDS}
 FROM checkpoints_event e
 LEFT JOIN checkpoints_checkpoint c
     ON c.id = CASE WHEN {_IS_REFERENCE} THEN (e.data ->> 'checkpoint')::uuid END AND c.thread_id = e.thread_id
 LEFT JOIN checkpoints_branch b ON b.id = c.branch_id
-WHERE e.thread_id = %s AND e.seq > %s
+WHERE e.thread_id = %(thread)s AND e.seq > %(seq)s
 ORDER BY e.seq
-LIMIT %s
+LIMIT %(limit)s)
+UNION ALL
+(SELECT c.event_seq, 'checkpoint.created', NULL, {_CHECKPOINT_FIELDS}
+FROM checkpoints_checkpoint c
+JOIN checkpoints_branch b ON b.id = c.branch_id
+WHERE c.thread_id = %(thread)s AND c.event_seq > %(seq)s
+ORDER BY c.event_seq
+LIMIT %(limit)s)
+ORDER BY 1
+LIMIT %(limit)s
 """
 
 
@@ -121,7 +129,7 @@ def events_after(*, thread_id: UUID | str, seq: int, limit: int) -> list[tuple[i
     """The thread's events after `seq`, oldest first, at most `limit` of them: (seq, type, data),
     with each checkpoint's event data as it was published."""
     with cursors.cursor(json=True) as cursor:
-        cursor.execute(_EVENTS_SQL, [thread_id, seq, limit])
+        cursor.execute(_EVENTS_SQL, {"thread": thread_id, "seq": seq, "limit": limit})
         rows = cursor.fetchall()
     return [
         (row[0], row[1], row[2] if row[3] is None else checkpoint_event(
@@ -132,19 +140,33 @@ def events_after(*, thread_id: UUID | str, seq: int, limit: int) -> list[tuple[i
     ]  # fmt: skip
 
 
+# The events of checkpoints about to change move to the `Event` table whole, with the seq, type
+# and time they were published with; rows that stay stop being events themselves.
 _KEEP_SQL = f"""
-UPDATE checkpoints_event e SET data = jsonb_build_object(
-    'checkpoint', c.id::text, 'parent', c.parent_id::text, 'branch', b.name, 'seq', c.seq, 'step', c.step,
-    'label', c.label, 'status', c.status)
-FROM checkpoints_checkpoint c JOIN checkpoints_branch b ON b.id = c.branch_id
-WHERE e.thread_id = %(thread)s AND {_IS_REFERENCE} AND e.data ->> 'checkpoint' = c.id::text
-    AND c.thread_id = %(thread)s AND c.id = ANY(%(ids)s)
+WITH moved AS (
+    INSERT INTO checkpoints_event (thread_id, seq, type, data, created_at)
+    SELECT c.thread_id, c.event_seq, 'checkpoint.created', jsonb_build_object(
+        'checkpoint', c.id::text, 'parent', c.parent_id::text, 'branch', b.name, 'seq', c.seq, 'step', c.step,
+        'label', c.label, 'status', c.status), c.created_at
+    FROM checkpoints_checkpoint c JOIN checkpoints_branch b ON b.id = c.branch_id
+    WHERE c.thread_id = %(thread)s AND c.id = ANY(%(ids)s) AND c.event_seq IS NOT NULL
+    RETURNING seq
+), referenced AS (
+    UPDATE checkpoints_event e SET data = jsonb_build_object(
+        'checkpoint', c.id::text, 'parent', c.parent_id::text, 'branch', b.name, 'seq', c.seq, 'step', c.step,
+        'label', c.label, 'status', c.status)
+    FROM checkpoints_checkpoint c JOIN checkpoints_branch b ON b.id = c.branch_id
+    WHERE e.thread_id = %(thread)s AND {_IS_REFERENCE} AND e.data ->> 'checkpoint' = c.id::text
+        AND c.thread_id = %(thread)s AND c.id = ANY(%(ids)s)
+)
+UPDATE checkpoints_checkpoint SET event_seq = NULL
+WHERE thread_id = %(thread)s AND event_seq IN (SELECT seq FROM moved)
 """
 
 
 def keep_checkpoint_events(*, thread_id: UUID, checkpoint_ids: list[UUID]) -> None:
-    """Store the full data in the events of checkpoints whose rows are about to be rewritten or
-    deleted (compaction), so that their events replay as they were published."""
+    """Store the events of checkpoints whose rows are about to be rewritten or deleted (compaction)
+    whole in the `Event` table, so that they replay as they were published."""
     if checkpoint_ids:
         with connection.cursor() as cursor:
             cursor.execute(_KEEP_SQL, {"thread": thread_id, "ids": checkpoint_ids})

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from checkpoints import storage
 from checkpoints.models import Checkpoint, CheckpointStatus, Thread
-from checkpoints.storage import codec, crypto
+from checkpoints.storage import codec, crypto, dictionaries
 from quicksave_agents.models import Agent
 
 
@@ -128,17 +128,43 @@ def test_the_macs_fields_encode_to_the_standard_librarys_bytes(fields: dict[str,
         assert codec._fields_json(value) == codec._FIELDS_ENCODER.encode(value).encode()
 
 
-def test_payloads_worth_compressing_are_zstd_frames_and_tiny_ones_raw() -> None:
+def test_payloads_worth_compressing_are_zstd_frames_with_a_dictionary_and_tiny_ones_raw() -> None:
     words = " ".join(f"word{i % 997} and some more text" for i in range(5000)).encode()
     tiny, delta, snapshot = words[: codec.COMPRESS_FROM - 1], words[:1200], words
     assert codec.encode(tiny) == codec.RAW + tiny
-    for payload in (delta, snapshot):
+    for payload, tag in ((delta, codec.ZSTD_DICT + bytes([dictionaries.CURRENT])), (snapshot, codec.ZSTD)):
         framed = codec.encode(payload)
-        assert framed[:1] == codec.ZSTD and len(framed) < len(payload) // 2
-        assert zstandard.ZstdDecompressor().decompress(framed[1:]) == payload
+        assert framed.startswith(tag) and len(framed) < len(payload) // 2
         assert codec.unframe(framed) == payload
+    assert len(snapshot) >= codec.DICTIONARY_BELOW  # large values: zstd's own parameters for their size
     incompressible = random.Random(1).randbytes(512)
     assert codec.encode(incompressible) == codec.RAW + incompressible
+
+
+def test_a_short_chat_message_delta_compresses_with_the_dictionary_and_a_long_one_by_more() -> None:
+    short = b'[{"op":"add","path":"/items/-","value":{"content":"Book me a ferry to Hydra","role":"user"}}]'
+    text = " ".join(f"word{i % 97}" for i in range(150))
+    long = (
+        b'[{"op":"add","path":"/items/-","value":{"content":[{"annotations":[],"logprobs":[],"text":"'
+        + text.encode()
+        + b'","type":"output_text"}],"id":"msg_1","role":"assistant","status":"completed","type":"message"}}]'
+    )
+    plain = zstandard.ZstdCompressor(level=codec.ZSTD_LEVEL)
+    assert len(codec.encode(short)) < len(short) * 2 // 3  # a plain zstd frame was larger than the delta
+    assert len(codec.encode(long)) + 60 < len(plain.compress(long))
+    assert [codec.unframe(codec.encode(value)) for value in (short, long)] == [short, long]
+
+
+def test_a_plain_zstd_frame_of_any_size_opens() -> None:
+    """Payloads written before the dictionary frames were plain zstd frames, as large ones are."""
+    value = b'{"text":"' + b"an older delta " * 40 + b'"}'
+    assert codec.unframe(codec.ZSTD + zstandard.ZstdCompressor(level=3).compress(value)) == value
+
+
+def test_a_frame_naming_an_unknown_dictionary_is_refused_as_a_bad_value() -> None:
+    framed = codec.encode(b'{"text":"' + b"a delta " * 40 + b'"}')
+    with pytest.raises(ValueError, match="no known dictionary"):
+        codec.unframe(framed[:1] + b"\xff" + framed[2:])
 
 
 def test_a_stored_zlib_frame_of_any_size_still_opens() -> None:
@@ -189,5 +215,5 @@ def test_frames_written_on_threads_that_come_one_after_another_share_one_compres
         thread.join()
 
     assert [codec.unframe(frame) for frame in frames] == [payload] * 4
-    assert frames[0].startswith(codec.ZSTD)
+    assert frames[0].startswith(codec.ZSTD_DICT)
     assert len(made) <= 1  # none when an earlier test left one free

@@ -638,7 +638,7 @@ def test_forking_while_agents_write_the_old_branch_keeps_every_branch_consistent
     assert thread.head_id is not None
     head = by_id[thread.head_id]
     assert head.branch_id == latest.pk and head.seq == max(row.seq for row in rows if row.branch_id == latest.pk)
-    events = list(Event.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
+    events = [seq for seq, _, _ in storage.events_after(thread_id=thread.pk, seq=0, limit=100_000)]
     assert events == list(range(1, thread.event_seq + 1))
     storage.clear_caches()  # replay every branch head from the database, checking each row's MAC
     for branch in branches:

@@ -80,6 +80,23 @@ def test_most_checkpoints_are_deltas_and_snapshots_come_when_replay_would_cost_m
     assert [len(storage.state_at(c)["messages"]) for c in written] == list(range(301))
 
 
+def test_snapshots_of_a_growing_log_are_eightfold_apart_in_state_size(thread: Thread) -> None:
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"messages": []})
+    for i in range(1, 400):  # messages of a kilobyte: the patches' own words are a few percent of them
+        parent = storage.append_checkpoint(thread=thread, parent=parent, patch=[
+            {"op": "add", "path": "/messages/-", "value": {"text": f"{i} " + "words " * 170}}])  # fmt: skip
+
+    rows = Checkpoint.objects.filter(thread=thread, kind=PayloadKind.SNAPSHOT).order_by("seq")
+    sizes = [row.state_bytes for row in rows if row.seq > 1]
+    # Each snapshot holds about an eighth of the state at the next (twice apart before), so the
+    # snapshots of a long log add up to about half its final state, not one and a half times.
+    assert len(sizes) >= 3, sizes
+    for before, after in itertools.pairwise(sizes):
+        assert after >= 6 * before, sizes
+    chains = Checkpoint.objects.filter(thread=thread, kind=PayloadKind.DELTA).values_list("chain_bytes", "state_bytes")
+    assert all(chain * storage.REPLAY_COST_PER_BYTE <= storage.REPLAY_BUDGET * state for chain, state in chains)
+
+
 def test_snapshot_every_n_bounds_the_replay_chain(thread: Thread, settings: Any) -> None:
     settings.QUICKSAVE_SNAPSHOT_EVERY = 5
     grow(thread, 20)
@@ -109,6 +126,8 @@ def test_stale_parent_is_rejected_with_head(thread: Thread) -> None:
     with pytest.raises(StaleParent):
         storage.append_checkpoint(thread=thread, parent=None, state={"n": 3})
     assert Checkpoint.objects.filter(thread=thread).count() == 2
+    thread.refresh_from_db()
+    assert thread.event_seq == 3  # thread.created and two checkpoints: a refused write takes no seq
 
 
 @pytest.mark.django_db(transaction=True)
@@ -142,8 +161,10 @@ def test_twenty_concurrent_writers_with_the_same_parent_exactly_one_wins(agent: 
     assert sorted(outcomes) == ["stale"] * 19 + ["won"]
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == [1, 2, 3, 4, 5]
-    events = list(Event.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
-    assert events == list(range(1, len(events) + 1))
+    # The 19 losers took no event seq: thread.created and five checkpoints, numbered without a gap.
+    events = [seq for seq, _, _ in storage.events_after(thread_id=thread.pk, seq=0, limit=100)]
+    thread.refresh_from_db()
+    assert events == [1, 2, 3, 4, 5, 6] and thread.event_seq == 6
 
 
 @pytest.mark.django_db(transaction=True)
@@ -173,6 +194,9 @@ def test_concurrent_writers_that_retry_leave_a_gapless_timeline(agent: Agent) ->
 
     seqs = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("seq", flat=True))
     assert seqs == list(range(1, 42))
+    events = storage.events_after(thread_id=thread.pk, seq=0, limit=100)
+    assert [seq for seq, _, _ in events] == list(range(1, 43))  # thread.created, then each checkpoint once
+    assert [data["seq"] for _, kind, data in events if kind == "checkpoint.created"] == seqs
     _, state = storage.latest_state(thread=thread)
     assert sorted(state["log"]) == sorted(f"{n}.{i}" for n in range(4) for i in range(10))
 
@@ -266,17 +290,17 @@ def test_records_model_parameters_metadata_and_schema_version(thread: Thread) ->
     storage.state_at(checkpoint)  # the recorded fields are covered by the integrity MAC
 
 
-def test_each_checkpoint_writes_an_event_in_order(thread: Thread) -> None:
+def test_each_checkpoint_is_an_event_in_order(thread: Thread) -> None:
     written = grow(thread, 3)
-    events = list(Event.objects.filter(thread=thread).order_by("seq"))
-    assert [e.type for e in events] == ["thread.created"] + ["checkpoint.created"] * 4
-    assert [e.seq for e in events] == [1, 2, 3, 4, 5]
-    assert events[-1].data["checkpoint"] == str(written[-1].pk)
+    events = storage.events_after(thread_id=thread.pk, seq=0, limit=10)
+    assert [kind for _, kind, _ in events] == ["thread.created"] + ["checkpoint.created"] * 4
+    assert [seq for seq, _, _ in events] == [1, 2, 3, 4, 5]
+    assert events[-1][2]["checkpoint"] == str(written[-1].pk)
     thread.refresh_from_db()
     assert thread.event_seq == 5
 
 
-def test_a_checkpoint_event_stores_only_its_checkpoint_and_replays_as_it_was_published(
+def test_a_checkpoint_is_its_own_event_with_no_event_row_and_replays_as_it_was_published(
     thread: Thread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     published: list[tuple[int, str, dict[str, Any]]] = []
@@ -287,10 +311,12 @@ def test_a_checkpoint_event_stores_only_its_checkpoint_and_replays_as_it_was_pub
     storage.append_checkpoint(thread=thread, parent=root, patch=[{"op": "replace", "path": "/n", "value": 1}],
                               branch="aside", label="waits", status=ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
 
-    stored = Event.objects.filter(thread=thread, type="checkpoint.created").values_list("data", flat=True)
-    assert [set(data) for data in stored] == [{"checkpoint"}, {"checkpoint"}]  # the rest is the checkpoint's row
+    assert not Event.objects.filter(thread=thread, type="checkpoint.created").exists()  # the rows are the events
+    numbered = Checkpoint.objects.filter(thread=thread).order_by("event_seq").values_list("event_seq", flat=True)
+    assert list(numbered) == [2, 4]
     assert [kind for _, kind, _ in published] == ["checkpoint.created", "branch.created", "checkpoint.created"]
     assert storage.events_after(thread_id=thread.pk, seq=1, limit=10) == published
+    assert storage.events_after(thread_id=thread.pk, seq=2, limit=1) == published[1:2]  # merged by seq, limited
 
 
 @pytest.mark.parametrize(

@@ -4,12 +4,14 @@ PostgresSaver and InMemorySaver in the same run, and count passes and failures p
     .venv/bin/python bench/langgraph_own_tests.py LANGGRAPH_CHECKOUT [options] [-- PYTEST_ARGS...]
 
 LANGGRAPH_CHECKOUT is a checkout of the langgraph repository (github.com/langchain-ai/langgraph),
-best at the tag of the installed `langgraph` (`pip show langgraph`); only its
-libs/langgraph/tests is read. This script fetches nothing: get the checkout yourself, e.g.
-`git clone` and `git checkout <version>`, or `git archive <tag> libs/langgraph/tests | tar -x`.
+best at the tag of the installed `langgraph` (`pip show langgraph`), of which only
+libs/langgraph/tests is read; or an unpacked sdist of langgraph, which holds the same tests at
+its top (tests/). This script fetches nothing: get the tests yourself, e.g.
+`pip download --no-deps --no-binary :all: langgraph==<version>` and unpack it, or
+`git archive <tag> libs/langgraph/tests | tar -x`.
 
 What it does, all in a work directory outside this repository (--workdir, default a new
-temporary one): copies libs/langgraph/tests there; points LangGraph's Postgres fixtures at
+temporary one): copies those tests there; points LangGraph's Postgres fixtures at
 --postgres-url; replaces its `sync_checkpointer` / `async_checkpointer` fixtures by ones whose
 params are the savers asked for (--savers):
 
@@ -34,12 +36,16 @@ Needs, beside requirements-dev.txt: syrupy, pytest-mock, pytest-repeat,
 langgraph-checkpoint-sqlite and pycryptodome (LangGraph's conftest imports them), and a
 PostgreSQL server whose user may create databases (DATABASE_URL, or --database-url).
 
-Example (the run reported in README, LangGraph section):
+Those may go in a directory of their own, so the project's environment stays as it is:
+`pip install --no-deps --target /tmp/lgdeps syrupy pytest-mock pytest-repeat
+langgraph-checkpoint-sqlite pycryptodome`, then run with PYTHONPATH=/tmp/lgdeps.
 
-    git --git-dir=/path/to/langgraph.git archive 1.2.11 libs/langgraph/tests libs/langgraph/pyproject.toml \\
-        | tar -x -C /tmp/lgcheckout
-    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/quicksave \\
-        .venv/bin/python bench/langgraph_own_tests.py /tmp/lgcheckout --workdir /tmp/lgtests
+Example (the run reported in docs/langgraph-own-tests.md):
+
+    pip download --no-deps --no-binary :all: langgraph==1.2.24 -d /tmp/sd
+    tar -xzf /tmp/sd/langgraph-1.2.24.tar.gz -C /tmp
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/quicksave PYTHONPATH=/tmp/lgdeps \\
+        .venv/bin/python bench/langgraph_own_tests.py /tmp/langgraph-1.2.24 --workdir /tmp/lgtests
 """
 
 from __future__ import annotations
@@ -165,7 +171,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to pytest (-k, -x...)."
     )
-    parser.add_argument("checkout", type=Path, help="a langgraph checkout (holds libs/langgraph/tests)")
+    parser.add_argument(
+        "checkout", type=Path, help="a langgraph checkout (holds libs/langgraph/tests) or unpacked sdist (tests/)"
+    )
     parser.add_argument("--workdir", type=Path, help="where to build and run (default: a new temporary directory)")
     parser.add_argument("--files", nargs="+", default=list(GRAPH_TESTS), help="test files of libs/langgraph/tests")
     parser.add_argument("--savers", default=",".join(SAVERS), help="comma-separated, of: " + ", ".join(SAVERS))
@@ -182,9 +190,9 @@ def main() -> int:
     args = parser.parse_args(argv[:split])
     pytest_args = argv[split + 1 :]
 
-    tests = args.checkout / "libs" / "langgraph" / "tests"
-    if not (tests / "conftest.py").is_file():
-        parser.error(f"{tests} has no conftest.py: not a langgraph checkout")
+    tests = tests_of(args.checkout)
+    if tests is None:
+        parser.error(f"{args.checkout} holds neither libs/langgraph/tests nor tests/ with a conftest.py")
     if not args.database_url:
         parser.error("set DATABASE_URL or --database-url (a PostgreSQL database Quicksave may use)")
     savers = [name for name in args.savers.split(",") if name]
@@ -220,6 +228,15 @@ def main() -> int:
         if args.json:
             print(json.dumps(counts))
     return returncode
+
+
+def tests_of(checkout: Path) -> Path | None:
+    """LangGraph's tests in `checkout`: a repository checkout's libs/langgraph/tests, or the
+    tests/ at the top of an unpacked langgraph sdist; None when it holds neither."""
+    for tests in (checkout / "libs" / "langgraph" / "tests", checkout / "tests"):
+        if (tests / "conftest.py").is_file() and (tests / "conftest_checkpointer.py").is_file():
+            return tests
+    return None
 
 
 def server_url(database_url: str) -> str:

@@ -102,8 +102,13 @@ sys.path.append(os.environ["QS_REPO"])
 os.environ["DJANGO_SETTINGS_MODULE"] = "quicksave.settings"
 
 
+# Set up before any saver fixture (sync, outside the event loop an async test's fixtures run in,
+# where Django refuses to make a database), whichever test comes first; nothing without quicksave.
 @pytest.fixture(scope="session")
 def quicksave_db():
+    if "quicksave" not in SAVERS:
+        yield
+        return
     import django
 
     django.setup()
@@ -121,8 +126,7 @@ def quicksave_db():
     connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
-def _quicksave(request):
-    request.getfixturevalue("quicksave_db")
+def _quicksave():
     from checkpoints import storage
     from integrations.langgraph.saver import QuicksaveSaver
 
@@ -137,7 +141,7 @@ def _ids(*names):
 
 
 @pytest.fixture(params=_ids("memory", "pgsaver", "quicksave"))
-def sync_checkpointer(request):
+def sync_checkpointer(request, quicksave_db):
     if request.param == "memory":
         with _checkpointer_memory() as saver:
             yield saver
@@ -145,11 +149,11 @@ def sync_checkpointer(request):
         with _checkpointer_postgres() as saver:
             yield saver
     else:
-        yield _quicksave(request)
+        yield _quicksave()
 
 
 @pytest.fixture(params=_ids("memory", "pgsaver_aio", "quicksave"))
-async def async_checkpointer(request):
+async def async_checkpointer(request, quicksave_db):
     if request.param == "memory":
         with _checkpointer_memory() as saver:
             yield saver
@@ -157,7 +161,7 @@ async def async_checkpointer(request):
         async with _checkpointer_postgres_aio() as saver:
             yield saver
     else:
-        yield _quicksave(request)
+        yield _quicksave()
 '''
 
 PYTEST_INI = """\

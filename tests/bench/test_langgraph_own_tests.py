@@ -1,0 +1,33 @@
+"""bench/langgraph_own_tests.py finds LangGraph's tests in a repository checkout or an unpacked sdist."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench import langgraph_own_tests as own
+
+
+def _tests_at(path: Path) -> Path:
+    path.mkdir(parents=True)
+    for name in ("conftest.py", "conftest_checkpointer.py"):
+        (path / name).write_text("")
+    return path
+
+
+def test_an_unpacked_sdist_is_read_from_its_top_level_tests(tmp_path: Path) -> None:
+    tests = _tests_at(tmp_path / "tests")
+
+    assert own.tests_of(tmp_path) == tests
+
+
+def test_a_repository_checkout_is_read_from_libs_langgraph_tests(tmp_path: Path) -> None:
+    tests = _tests_at(tmp_path / "libs" / "langgraph" / "tests")
+
+    assert own.tests_of(tmp_path) == tests
+
+
+def test_a_tests_folder_without_langgraphs_conftest_is_not_taken(tmp_path: Path) -> None:
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "conftest.py").write_text("")
+
+    assert own.tests_of(tmp_path) is None

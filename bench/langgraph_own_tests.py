@@ -16,14 +16,15 @@ temporary one): copies those tests there; points LangGraph's Postgres fixtures a
 params are the savers asked for (--savers):
 
 - `memory`: LangGraph's own test saver, `MemorySaverAssertImmutable` (an InMemorySaver that
-  also checks that saved checkpoints are not mutated afterwards);
+  also checks that saved checkpoints are not mutated afterwards), param id `memsaver` (LangGraph's
+  own id, `memory`, is also its cache fixture's);
 - `postgres`: PostgresSaver (sync tests, param id `pgsaver`) / AsyncPostgresSaver (async
   tests, `pgsaver_aio`) on a new database per test, as LangGraph's own conftest makes them;
 - `quicksave`: `QuicksaveSaver(agent=<new name per test>)` on a Django test database (made once
   per run on DATABASE_URL's server, named by --test-database, dropped at the end). Async tests
   get the same saver: its async methods run the sync ones through `database_sync_to_async`;
 
-copies each `[memory]` snapshot of LangGraph's syrupy files to the other savers' test ids (the
+copies each `[memory]` snapshot of LangGraph's syrupy files to the savers' test ids (the
 snapshots are of graphs and streams, the same whatever the saver); then runs pytest on --files
 (by default LangGraph's graph tests: test_pregel.py, test_pregel_async.py, test_interruption.py,
 test_large_cases.py, test_large_cases_async.py, test_checkpoint_migration.py), with NO_DOCKER
@@ -75,9 +76,10 @@ GRAPH_TESTS = (
     "test_checkpoint_migration.py",
 )
 SAVERS = ("memory", "postgres", "quicksave")
-# The fixture param id each saver runs under, in sync and async tests. Not LangGraph's `postgres`
-# ids: its store fixtures use those too. `memory` is LangGraph's, which its snapshots are named by.
-IDS = {"memory": ("memory",), "postgres": ("pgsaver", "pgsaver_aio"), "quicksave": ("quicksave",)}
+# The fixture param id each saver runs under, in sync and async tests. None of LangGraph's own ids:
+# its store fixtures take `postgres`, its cache fixture `memory` (and a test may take both a cache
+# and a saver), so a count by id would put a test under the wrong saver.
+IDS = {"memory": ("memsaver",), "postgres": ("pgsaver", "pgsaver_aio"), "quicksave": ("quicksave",)}
 
 # A pytest plugin module, imported at the end of LangGraph's conftest so that its fixtures
 # replace LangGraph's of the same names.
@@ -136,13 +138,16 @@ def _quicksave():
     return QuicksaveSaver(agent=f"lg-{secrets.token_hex(8)}")
 
 
+SAVER_OF_ID = {"memsaver": "memory", "pgsaver": "postgres", "pgsaver_aio": "postgres", "quicksave": "quicksave"}
+
+
 def _ids(*names):
-    return [name for name in names if {"pgsaver": "postgres"}.get(name[:7], name) in SAVERS]
+    return [name for name in names if SAVER_OF_ID[name] in SAVERS]
 
 
-@pytest.fixture(params=_ids("memory", "pgsaver", "quicksave"))
+@pytest.fixture(params=_ids("memsaver", "pgsaver", "quicksave"))
 def sync_checkpointer(request, quicksave_db):
-    if request.param == "memory":
+    if request.param == "memsaver":
         with _checkpointer_memory() as saver:
             yield saver
     elif request.param == "pgsaver":
@@ -152,9 +157,9 @@ def sync_checkpointer(request, quicksave_db):
         yield _quicksave()
 
 
-@pytest.fixture(params=_ids("memory", "pgsaver_aio", "quicksave"))
+@pytest.fixture(params=_ids("memsaver", "pgsaver_aio", "quicksave"))
 async def async_checkpointer(request, quicksave_db):
-    if request.param == "memory":
+    if request.param == "memsaver":
         with _checkpointer_memory() as saver:
             yield saver
     elif request.param == "pgsaver_aio":
@@ -276,7 +281,7 @@ def build(tests: Path, workdir: Path, postgres_url: str) -> None:
 
 
 def with_saver_snapshots(ambr: str) -> str:
-    """The syrupy file with each `[memory...]` entry also under every other saver's test id."""
+    """The syrupy file with each `[memory...]` entry also under every saver's test id."""
     blocks = ambr.split("# ---\n")
     names = {block.split("\n", 1)[0] for block in blocks}
     extra = []
@@ -284,7 +289,7 @@ def with_saver_snapshots(ambr: str) -> str:
         head = block.split("\n", 1)[0]
         if not head.startswith("# name: ") or not re.search(r"[\[-]memory[\]-]", head):
             continue
-        for saver_id in ("pgsaver", "pgsaver_aio", "quicksave"):
+        for saver_id in ("memsaver", "pgsaver", "pgsaver_aio", "quicksave"):
             copy = re.sub(r"([\[-])memory([\]-])", rf"\g<1>{saver_id}\g<2>", block, count=1)
             if copy.split("\n", 1)[0] not in names:
                 extra.append(copy)

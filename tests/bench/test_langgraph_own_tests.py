@@ -31,3 +31,20 @@ def test_a_tests_folder_without_langgraphs_conftest_is_not_taken(tmp_path: Path)
     (tmp_path / "tests" / "conftest.py").write_text("")
 
     assert own.tests_of(tmp_path) is None
+
+
+def test_a_test_is_counted_under_its_saver_not_under_langgraphs_memory_cache() -> None:
+    # LangGraph's `cache` fixture is parametrized `sqlite` / `memory`, beside the saver.
+    assert own.saver_of("test_multiple_interrupts_functional_cache[quicksave-memory]") == "quicksave"
+    assert own.saver_of("test_multiple_interrupts_functional_cache[pgsaver-memory]") == "postgres"
+    assert own.saver_of("test_multiple_interrupts_functional_cache[memsaver-memory]") == "memory"
+    assert own.saver_of("test_in_one_fan_out_state_graph_waiting_edge_multiple[memory-True]") == "-"
+
+
+def test_langgraphs_memory_snapshots_are_copied_to_every_savers_id() -> None:
+    ambr = "# name: test_graph[memory]\n  'drawing'\n# ---\n"
+
+    copied = own.with_saver_snapshots(ambr)
+
+    for saver_id in ("memsaver", "pgsaver", "pgsaver_aio", "quicksave"):
+        assert f"# name: test_graph[{saver_id}]\n  'drawing'\n# ---\n" in copied

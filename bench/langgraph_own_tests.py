@@ -282,7 +282,8 @@ def build(tests: Path, workdir: Path, postgres_url: str) -> None:
 
 def with_saver_snapshots(ambr: str) -> str:
     """The syrupy file with each `[memory...]` entry also under every saver's test id."""
-    blocks = ambr.split("# ---\n")
+    # The file's first entry follows its `# serializer version: ...` line: an entry starts at its name.
+    blocks = [block[block.find("# name: ") :] if "# name: " in block else block for block in ambr.split("# ---\n")]
     names = {block.split("\n", 1)[0] for block in blocks}
     extra = []
     for block in blocks:

@@ -48,3 +48,13 @@ def test_langgraphs_memory_snapshots_are_copied_to_every_savers_id() -> None:
 
     for saver_id in ("memsaver", "pgsaver", "pgsaver_aio", "quicksave"):
         assert f"# name: test_graph[{saver_id}]\n  'drawing'\n# ---\n" in copied
+
+
+def test_the_first_snapshot_of_a_file_is_copied_too() -> None:
+    ambr = "# serializer version: 1\n# name: test_graph[memory]\n  'drawing'\n# ---\n"
+
+    copied = own.with_saver_snapshots(ambr)
+
+    assert copied.startswith(ambr)
+    assert "# name: test_graph[memsaver]\n  'drawing'\n# ---\n" in copied
+    assert copied.count("# serializer version") == 1

@@ -4,24 +4,27 @@ PostgresSaver and InMemorySaver in the same run, and count passes and failures p
     .venv/bin/python bench/langgraph_own_tests.py LANGGRAPH_CHECKOUT [options] [-- PYTEST_ARGS...]
 
 LANGGRAPH_CHECKOUT is a checkout of the langgraph repository (github.com/langchain-ai/langgraph),
-best at the tag of the installed `langgraph` (`pip show langgraph`); only its
-libs/langgraph/tests is read. This script fetches nothing: get the checkout yourself, e.g.
-`git clone` and `git checkout <version>`, or `git archive <tag> libs/langgraph/tests | tar -x`.
+best at the tag of the installed `langgraph` (`pip show langgraph`), of which only
+libs/langgraph/tests is read; or an unpacked sdist of langgraph, which holds the same tests at
+its top (tests/). This script fetches nothing: get the tests yourself, e.g.
+`pip download --no-deps --no-binary :all: langgraph==<version>` and unpack it, or
+`git archive <tag> libs/langgraph/tests | tar -x`.
 
 What it does, all in a work directory outside this repository (--workdir, default a new
-temporary one): copies libs/langgraph/tests there; points LangGraph's Postgres fixtures at
+temporary one): copies those tests there; points LangGraph's Postgres fixtures at
 --postgres-url; replaces its `sync_checkpointer` / `async_checkpointer` fixtures by ones whose
 params are the savers asked for (--savers):
 
 - `memory`: LangGraph's own test saver, `MemorySaverAssertImmutable` (an InMemorySaver that
-  also checks that saved checkpoints are not mutated afterwards);
+  also checks that saved checkpoints are not mutated afterwards), param id `memsaver` (LangGraph's
+  own id, `memory`, is also its cache fixture's);
 - `postgres`: PostgresSaver (sync tests, param id `pgsaver`) / AsyncPostgresSaver (async
   tests, `pgsaver_aio`) on a new database per test, as LangGraph's own conftest makes them;
 - `quicksave`: `QuicksaveSaver(agent=<new name per test>)` on a Django test database (made once
   per run on DATABASE_URL's server, named by --test-database, dropped at the end). Async tests
   get the same saver: its async methods run the sync ones through `database_sync_to_async`;
 
-copies each `[memory]` snapshot of LangGraph's syrupy files to the other savers' test ids (the
+copies each `[memory]` snapshot of LangGraph's syrupy files to the savers' test ids (the
 snapshots are of graphs and streams, the same whatever the saver); then runs pytest on --files
 (by default LangGraph's graph tests: test_pregel.py, test_pregel_async.py, test_interruption.py,
 test_large_cases.py, test_large_cases_async.py, test_checkpoint_migration.py), with NO_DOCKER
@@ -34,12 +37,16 @@ Needs, beside requirements-dev.txt: syrupy, pytest-mock, pytest-repeat,
 langgraph-checkpoint-sqlite and pycryptodome (LangGraph's conftest imports them), and a
 PostgreSQL server whose user may create databases (DATABASE_URL, or --database-url).
 
-Example (the run reported in README, LangGraph section):
+Those may go in a directory of their own, so the project's environment stays as it is:
+`pip install --no-deps --target /tmp/lgdeps syrupy pytest-mock pytest-repeat
+langgraph-checkpoint-sqlite pycryptodome`, then run with PYTHONPATH=/tmp/lgdeps.
 
-    git --git-dir=/path/to/langgraph.git archive 1.2.11 libs/langgraph/tests libs/langgraph/pyproject.toml \\
-        | tar -x -C /tmp/lgcheckout
-    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/quicksave \\
-        .venv/bin/python bench/langgraph_own_tests.py /tmp/lgcheckout --workdir /tmp/lgtests
+Example (the run reported in docs/langgraph-own-tests.md):
+
+    pip download --no-deps --no-binary :all: langgraph==1.2.24 -d /tmp/sd
+    tar -xzf /tmp/sd/langgraph-1.2.24.tar.gz -C /tmp
+    DATABASE_URL=postgresql://postgres@127.0.0.1:5432/quicksave PYTHONPATH=/tmp/lgdeps \\
+        .venv/bin/python bench/langgraph_own_tests.py /tmp/langgraph-1.2.24 --workdir /tmp/lgtests
 """
 
 from __future__ import annotations
@@ -69,9 +76,10 @@ GRAPH_TESTS = (
     "test_checkpoint_migration.py",
 )
 SAVERS = ("memory", "postgres", "quicksave")
-# The fixture param id each saver runs under, in sync and async tests. Not LangGraph's `postgres`
-# ids: its store fixtures use those too. `memory` is LangGraph's, which its snapshots are named by.
-IDS = {"memory": ("memory",), "postgres": ("pgsaver", "pgsaver_aio"), "quicksave": ("quicksave",)}
+# The fixture param id each saver runs under, in sync and async tests. None of LangGraph's own ids:
+# its store fixtures take `postgres`, its cache fixture `memory` (and a test may take both a cache
+# and a saver), so a count by id would put a test under the wrong saver.
+IDS = {"memory": ("memsaver",), "postgres": ("pgsaver", "pgsaver_aio"), "quicksave": ("quicksave",)}
 
 # A pytest plugin module, imported at the end of LangGraph's conftest so that its fixtures
 # replace LangGraph's of the same names.
@@ -96,8 +104,13 @@ sys.path.append(os.environ["QS_REPO"])
 os.environ["DJANGO_SETTINGS_MODULE"] = "quicksave.settings"
 
 
+# Set up before any saver fixture (sync, outside the event loop an async test's fixtures run in,
+# where Django refuses to make a database), whichever test comes first; nothing without quicksave.
 @pytest.fixture(scope="session")
 def quicksave_db():
+    if "quicksave" not in SAVERS:
+        yield
+        return
     import django
 
     django.setup()
@@ -115,8 +128,7 @@ def quicksave_db():
     connection.creation.destroy_test_db(old_name, verbosity=0)
 
 
-def _quicksave(request):
-    request.getfixturevalue("quicksave_db")
+def _quicksave():
     from checkpoints import storage
     from integrations.langgraph.saver import QuicksaveSaver
 
@@ -126,32 +138,35 @@ def _quicksave(request):
     return QuicksaveSaver(agent=f"lg-{secrets.token_hex(8)}")
 
 
+SAVER_OF_ID = {"memsaver": "memory", "pgsaver": "postgres", "pgsaver_aio": "postgres", "quicksave": "quicksave"}
+
+
 def _ids(*names):
-    return [name for name in names if {"pgsaver": "postgres"}.get(name[:7], name) in SAVERS]
+    return [name for name in names if SAVER_OF_ID[name] in SAVERS]
 
 
-@pytest.fixture(params=_ids("memory", "pgsaver", "quicksave"))
-def sync_checkpointer(request):
-    if request.param == "memory":
+@pytest.fixture(params=_ids("memsaver", "pgsaver", "quicksave"))
+def sync_checkpointer(request, quicksave_db):
+    if request.param == "memsaver":
         with _checkpointer_memory() as saver:
             yield saver
     elif request.param == "pgsaver":
         with _checkpointer_postgres() as saver:
             yield saver
     else:
-        yield _quicksave(request)
+        yield _quicksave()
 
 
-@pytest.fixture(params=_ids("memory", "pgsaver_aio", "quicksave"))
-async def async_checkpointer(request):
-    if request.param == "memory":
+@pytest.fixture(params=_ids("memsaver", "pgsaver_aio", "quicksave"))
+async def async_checkpointer(request, quicksave_db):
+    if request.param == "memsaver":
         with _checkpointer_memory() as saver:
             yield saver
     elif request.param == "pgsaver_aio":
         async with _checkpointer_postgres_aio() as saver:
             yield saver
     else:
-        yield _quicksave(request)
+        yield _quicksave()
 '''
 
 PYTEST_INI = """\
@@ -165,7 +180,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], epilog="Arguments after -- go to pytest (-k, -x...)."
     )
-    parser.add_argument("checkout", type=Path, help="a langgraph checkout (holds libs/langgraph/tests)")
+    parser.add_argument(
+        "checkout", type=Path, help="a langgraph checkout (holds libs/langgraph/tests) or unpacked sdist (tests/)"
+    )
     parser.add_argument("--workdir", type=Path, help="where to build and run (default: a new temporary directory)")
     parser.add_argument("--files", nargs="+", default=list(GRAPH_TESTS), help="test files of libs/langgraph/tests")
     parser.add_argument("--savers", default=",".join(SAVERS), help="comma-separated, of: " + ", ".join(SAVERS))
@@ -182,9 +199,9 @@ def main() -> int:
     args = parser.parse_args(argv[:split])
     pytest_args = argv[split + 1 :]
 
-    tests = args.checkout / "libs" / "langgraph" / "tests"
-    if not (tests / "conftest.py").is_file():
-        parser.error(f"{tests} has no conftest.py: not a langgraph checkout")
+    tests = tests_of(args.checkout)
+    if tests is None:
+        parser.error(f"{args.checkout} holds neither libs/langgraph/tests nor tests/ with a conftest.py")
     if not args.database_url:
         parser.error("set DATABASE_URL or --database-url (a PostgreSQL database Quicksave may use)")
     savers = [name for name in args.savers.split(",") if name]
@@ -222,6 +239,15 @@ def main() -> int:
     return returncode
 
 
+def tests_of(checkout: Path) -> Path | None:
+    """LangGraph's tests in `checkout`: a repository checkout's libs/langgraph/tests, or the
+    tests/ at the top of an unpacked langgraph sdist; None when it holds neither."""
+    for tests in (checkout / "libs" / "langgraph" / "tests", checkout / "tests"):
+        if (tests / "conftest.py").is_file() and (tests / "conftest_checkpointer.py").is_file():
+            return tests
+    return None
+
+
 def server_url(database_url: str) -> str:
     """The URL of `database_url`'s server, without the database."""
     parts = urlsplit(database_url)
@@ -255,15 +281,16 @@ def build(tests: Path, workdir: Path, postgres_url: str) -> None:
 
 
 def with_saver_snapshots(ambr: str) -> str:
-    """The syrupy file with each `[memory...]` entry also under every other saver's test id."""
-    blocks = ambr.split("# ---\n")
+    """The syrupy file with each `[memory...]` entry also under every saver's test id."""
+    # The file's first entry follows its `# serializer version: ...` line: an entry starts at its name.
+    blocks = [block[block.find("# name: ") :] if "# name: " in block else block for block in ambr.split("# ---\n")]
     names = {block.split("\n", 1)[0] for block in blocks}
     extra = []
     for block in blocks:
         head = block.split("\n", 1)[0]
         if not head.startswith("# name: ") or not re.search(r"[\[-]memory[\]-]", head):
             continue
-        for saver_id in ("pgsaver", "pgsaver_aio", "quicksave"):
+        for saver_id in ("memsaver", "pgsaver", "pgsaver_aio", "quicksave"):
             copy = re.sub(r"([\[-])memory([\]-])", rf"\g<1>{saver_id}\g<2>", block, count=1)
             if copy.split("\n", 1)[0] not in names:
                 extra.append(copy)

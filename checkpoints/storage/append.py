@@ -6,13 +6,10 @@ write costs O(change). Every so often it stores the full state instead (a
 snapshot): when `QUICKSAVE_SNAPSHOT_EVERY` deltas have piled up since the last
 one, or when replaying the deltas since the last snapshot would cost more than
 REPLAY_BUDGET times reading the state whole (see REPLAY_COST_PER_BYTE). For a
-state that grows by appending (a message log whose patches add little beside the
-values they append) that second rule spaces snapshots up to eightfold apart, so
-their total size is about half the final state on average over thread lengths
-(1 / ln 8) where snapshots twice apart stored 1.44 times it; in that cost model
-reading any state costs at most 1.875 times reading it whole (a state rewritten
-in place: 2.75 times; 1.5 and 2 with snapshots twice apart). The count rule still
-bounds the rows a cold read replays. docs/storage-bytes.md has the figures.
+state that grows by appending (a message log) that second rule doubles the distance
+between snapshots, so their total size stays about twice the final state, storage
+stays linear in the thread's length, and reading any state costs at most about one
+and a half times its size. The count rule bounds the rows a cold read replays.
 
 States already materialised are kept in a per-process cache keyed by checkpoint
 id. Checkpoints are immutable, so the cache never goes stale; it only saves the

@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 # the store snapshots once the chain since the last snapshot holds half the state's bytes.
 REPLAY_COST_PER_BYTE = 2
 # How many times the cost of reading a state whole its replay from the last snapshot may cost
-# before the store writes a snapshot instead of a delta (checkpoints/storage/append.py says what
-# this buys: snapshots eightfold apart in a growing log).
-REPLAY_BUDGET = 1.75
+# before the store writes a snapshot instead of a delta: snapshots twice apart in a growing log.
+# 1.75 (eightfold apart, a quarter fewer bytes for a chat) made cold reads 26-38% slower on
+# bench/checkpoint_store.py in a quiet same-run comparison (docs/storage-bytes.md).
+REPLAY_BUDGET = 1.0
 
 
 def needs_snapshot(*, chain_length: int, chain_bytes: int, state_bytes: int, every: int | None = None) -> bool:

@@ -80,7 +80,7 @@ def test_most_checkpoints_are_deltas_and_snapshots_come_when_replay_would_cost_m
     assert [len(storage.state_at(c)["messages"]) for c in written] == list(range(301))
 
 
-def test_snapshots_of_a_growing_log_are_eightfold_apart_in_state_size(thread: Thread) -> None:
+def test_snapshots_of_a_growing_log_are_twice_apart_in_state_size(thread: Thread) -> None:
     parent = storage.append_checkpoint(thread=thread, parent=None, state={"messages": []})
     for i in range(1, 400):  # messages of a kilobyte: the patches' own words are a few percent of them
         parent = storage.append_checkpoint(thread=thread, parent=parent, patch=[
@@ -88,11 +88,12 @@ def test_snapshots_of_a_growing_log_are_eightfold_apart_in_state_size(thread: Th
 
     rows = Checkpoint.objects.filter(thread=thread, kind=PayloadKind.SNAPSHOT).order_by("seq")
     sizes = [row.state_bytes for row in rows if row.seq > 1]
-    # Each snapshot holds about an eighth of the state at the next (twice apart before), so the
-    # snapshots of a long log add up to about half its final state, not one and a half times.
-    assert len(sizes) >= 3, sizes
+    # Each snapshot holds about half the state at the next: storage stays linear in the log's
+    # length (the snapshots add up to about twice the final state) and no replay reads more
+    # delta bytes than half the state it builds.
+    assert len(sizes) >= 5, sizes
     for before, after in itertools.pairwise(sizes):
-        assert after >= 6 * before, sizes
+        assert 1.6 * before <= after <= 2.6 * before, sizes
     chains = Checkpoint.objects.filter(thread=thread, kind=PayloadKind.DELTA).values_list("chain_bytes", "state_bytes")
     assert all(chain * storage.REPLAY_COST_PER_BYTE <= storage.REPLAY_BUDGET * state for chain, state in chains)
 

@@ -155,29 +155,25 @@ class BoardCreateSerializer(StrictSerializer):
     namespace = serializers.JSONField(help_text='The board\'s namespace path, a list of labels: ["team", "tasks"].')
 
 
-class LeaseAcquireSerializer(StrictSerializer):
+class _LeaseSerializer(StrictSerializer):
     key = serializers.CharField(max_length=MAX_KEY, trim_whitespace=False)
+
+
+class LeaseAcquireSerializer(_LeaseSerializer):
     holder = serializers.CharField(max_length=MAX_HOLDER, help_text="Who takes the lease (a worker's name).")
     ttl_seconds = FiniteFloatField(min_value=MIN_TTL_SECONDS, max_value=MAX_TTL_SECONDS)
 
 
-class LeaseRenewSerializer(StrictSerializer):
-    key = serializers.CharField(max_length=MAX_KEY, trim_whitespace=False)
+class LeaseReleaseSerializer(_LeaseSerializer):
     fencing_token = serializers.IntegerField(
         min_value=1,
         max_value=MAX_SEQ,
         help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused.",
     )
+
+
+class LeaseRenewSerializer(LeaseReleaseSerializer):
     ttl_seconds = FiniteFloatField(min_value=MIN_TTL_SECONDS, max_value=MAX_TTL_SECONDS)
-
-
-class LeaseReleaseSerializer(StrictSerializer):
-    key = serializers.CharField(max_length=MAX_KEY, trim_whitespace=False)
-    fencing_token = serializers.IntegerField(
-        min_value=1,
-        max_value=MAX_SEQ,
-        help_text="On a blackboard, the token of your lease on the key: a lost lease's write is refused.",
-    )
 
 
 class GrantCreateSerializer(StrictSerializer):

@@ -81,6 +81,22 @@ def _principal(who: str, *, agent: str) -> Any:
     return AgentPrincipal(key)
 
 
+async def _write_two_unpublished(thread: Any, *, last_label: str = "") -> None:
+    """Two checkpoints commit on `thread` whose events never reach the channel layer (lost on the way)."""
+
+    def write_two() -> None:
+        head, _ = storage.latest_state(thread=thread)
+        first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
+        storage.append_checkpoint(thread=thread, parent=first, state={"i": 2}, label=last_label)
+
+    sent = live._publisher.send
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
+    try:
+        await sync_to_async(write_two)()
+    finally:
+        live._publisher.send = sent  # type: ignore[method-assign]
+
+
 async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
     communicator = WebsocketCommunicator(application, path)
     communicator.scope["user"] = user
@@ -115,17 +131,7 @@ async def test_a_missed_live_event_is_filled_in_from_the_table(application: Any)
     await communicator.connect()
 
     # Two events commit, but only the second reaches the group (the first was lost on the way).
-    def write_two() -> None:
-        head, _ = storage.latest_state(thread=thread)
-        first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
-        storage.append_checkpoint(thread=thread, parent=first, state={"i": 2})
-
-    sent = live._publisher.send
-    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
-    try:
-        await sync_to_async(write_two)()
-    finally:
-        live._publisher.send = sent  # type: ignore[method-assign]
+    await _write_two_unpublished(thread)
     await communicator.receive_nothing(timeout=0.2)
     from channels.layers import get_channel_layer
 
@@ -342,17 +348,7 @@ async def test_a_threads_last_events_lost_on_the_way_arrive_from_the_table(appli
     communicator = await connect(application, f"/ws/threads/{thread.pk}/?after_seq=2", viewer)
     await communicator.connect()
 
-    def write_two() -> None:
-        head, _ = storage.latest_state(thread=thread)
-        first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
-        storage.append_checkpoint(thread=thread, parent=first, state={"i": 2}, label="last")
-
-    sent = live._publisher.send
-    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
-    try:
-        await sync_to_async(write_two)()
-    finally:
-        live._publisher.send = sent  # type: ignore[method-assign]
+    await _write_two_unpublished(thread, last_label="last")
 
     got = [await communicator.receive_json_from(timeout=5) for _ in range(2)]
     assert [(event["seq"], event["data"]["label"]) for event in got] == [(3, ""), (4, "last")]

@@ -16,6 +16,7 @@ The sockets that receive them are `checkpoints.sockets`.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import hashlib
 import logging
@@ -54,6 +55,9 @@ LINGER_SECONDS = 0.005
 # itself at most once a second anyway (static/js/threads.js), and channels-redis' group_send is two
 # Redis round trips of the publisher's time (and the GIL's) whether or not anyone listens.
 THREADS_INTERVAL_SECONDS = 0.5
+# A send handed to the server's event loop that has not finished after this long is logged (once) and
+# waited on still: it is under way, and the next round's send must not overtake it.
+SLOW_SEND_SECONDS = 5.0
 
 
 # A payload key that marks a queued item as a channel message to send as it is, not an event.
@@ -240,7 +244,7 @@ class _Publisher:
         try:
             server_loop = _server_loop
             if server_loop is not None and server_loop.is_running():
-                asyncio.run_coroutine_threadsafe(send, server_loop).result(timeout=5)
+                _wait_for(asyncio.run_coroutine_threadsafe(send, server_loop), server_loop, group)
             else:
                 own_loop.run_until_complete(send)
         except redis.RedisError as error:  # Redis down: clients catch up from the Event table
@@ -253,6 +257,27 @@ class _Publisher:
             layer_outage.ended()
             return True
         return False
+
+
+def _wait_for(sent: concurrent.futures.Future[Any], loop: asyncio.AbstractEventLoop, group: str) -> None:
+    """Wait for a send the server's loop runs, however busy that loop is, unless it stops running.
+
+    A loop that takes longer than SLOW_SEND_SECONDS (a server short of CPU) is not a failed send:
+    giving up would log an error for a message that still goes out, and let the next overtake it.
+    """
+    try:
+        sent.result(timeout=SLOW_SEND_SECONDS)
+        return
+    except TimeoutError:
+        log.warning("the server's event loop has not sent to %s in %.0f s; waiting for it", group, SLOW_SEND_SECONDS)
+    while True:
+        try:
+            sent.result(timeout=SLOW_SEND_SECONDS)
+            return
+        except TimeoutError:
+            if not loop.is_running():
+                sent.cancel()
+                raise
 
 
 _publisher = _Publisher()

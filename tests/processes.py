@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlencode, urlunsplit
 
@@ -80,6 +82,19 @@ def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
             process.kill()
             raise
         return process
+
+
+@contextlib.contextmanager
+def servers_running(*servers: tuple[int, dict[str, str]]) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """A server per (port, env), each stopped at the end: those already started too when a later
+    one fails to answer (a loaded machine), so no server outlives its test."""
+    with contextlib.ExitStack() as started:
+        processes = []
+        for port, env in servers:
+            process = start_server(port, env)
+            started.callback(stop, process)
+            processes.append(process)
+        yield processes
 
 
 def stop(process: subprocess.Popen[bytes]) -> None:

@@ -35,7 +35,7 @@ from quicksave_agents.models import Run, RunReason
 from quicksave_agents.runtime import start_thread
 from tests.conftest import person
 from tests.otlp import Receiver
-from tests.processes import ROOT, Workers, database_url, free_port, start_server, stop
+from tests.processes import ROOT, Workers, database_url, free_port, servers_running
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]
@@ -56,14 +56,13 @@ def receiver() -> Iterator[Receiver]:
 def topology(receiver: Receiver, tmp_path: Path) -> Iterator[tuple[int, int, Workers]]:
     """Two servers (a, b) sharing Redis, and a worker for the travel agent, all tracing."""
     ports = [free_port(), free_port()]
-    servers = [start_server(port, otel_env(receiver, f"web-{name}")) for port, name in zip(ports, "ab", strict=True)]
+    servers = ((port, otel_env(receiver, f"web-{name}")) for port, name in zip(ports, "ab", strict=True))
     workers = Workers(tmp_path, agent=TravelAgent.name, lease_seconds=10, env=otel_env(receiver, "worker"))
-    try:
-        yield ports[0], ports[1], workers
-    finally:
-        workers.kill_all()
-        for server in servers:
-            stop(server)
+    with servers_running(*servers):
+        try:
+            yield ports[0], ports[1], workers
+        finally:
+            workers.kill_all()
 
 
 def agent_tracer() -> tuple[Any, InMemorySpanExporter]:

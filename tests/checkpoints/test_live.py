@@ -3,11 +3,13 @@ which threads had events at most once an interval."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from typing import Any
 
 import pytest
+from channels.layers import InMemoryChannelLayer
 
 from checkpoints import live
 from tests.waiting import wait_until
@@ -100,3 +102,37 @@ def test_the_thread_list_hears_of_a_change_when_its_interval_ends_without_anothe
     messages = wait_until(lambda: recorder.to(live.THREADS_GROUP)[1:], what="the list's second message", timeout=10)
     assert messages == [{"type": "live.threads", "threads": ["t1"]}]
     assert recorder.to(live.THREADS_GROUP)[0] == {"type": "live.threads", "threads": ["t1"]}
+
+
+def test_a_send_the_busy_server_loop_runs_late_is_waited_for_not_logged_as_failed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(live, "SLOW_SEND_SECONDS", 0.05)
+    server_loop = asyncio.new_event_loop()
+    server = threading.Thread(target=server_loop.run_forever, daemon=True)
+    server.start()
+    try:
+        layer = InMemoryChannelLayer()
+        channel = asyncio.run_coroutine_threadsafe(layer.new_channel(), server_loop).result(timeout=5)
+        asyncio.run_coroutine_threadsafe(layer.group_add("thread.x", channel), server_loop).result(timeout=5)
+        busy = threading.Event()
+        server_loop.call_soon_threadsafe(busy.wait)  # the server's loop runs nothing else until set
+        monkeypatch.setattr(live, "_server_loop", server_loop)
+        sent: list[bool] = []
+        own_loop = asyncio.new_event_loop()
+        message = {"type": "live.event", "n": 1}
+        send = functools.partial(live._Publisher._send, layer, "thread.x", message, own_loop)
+        publisher = threading.Thread(target=lambda: sent.append(send()))
+        publisher.start()
+        wait_until(lambda: "waiting for it" in caplog.text, what="the slow send to be noticed")
+        busy.set()
+        publisher.join(timeout=5)
+        received = asyncio.run_coroutine_threadsafe(layer.receive(channel), server_loop).result(timeout=5)
+    finally:
+        server_loop.call_soon_threadsafe(server_loop.stop)
+        server.join(timeout=5)
+        server_loop.close()
+
+    assert sent == [True]
+    assert received["n"] == 1
+    assert not [record for record in caplog.records if record.exc_info]

@@ -32,7 +32,7 @@ from quicksave_agents.demo import CodeReviewAgent
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.runtime import start_thread
 from tests.conftest import person
-from tests.processes import ROOT, RedisServer, database_url, free_port, start_server, stop
+from tests.processes import ROOT, RedisServer, database_url, free_port, servers_running, start_server, stop
 
 REDIS_URL = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
 
@@ -51,12 +51,8 @@ def redis_available() -> str:
 @pytest.fixture
 def servers(redis_available: str) -> Iterator[list[int]]:
     ports = [free_port(), free_port()]
-    processes = [start_server(port, {"REDIS_URL": redis_available}) for port in ports]
-    try:
+    with servers_running(*((port, {"REDIS_URL": redis_available}) for port in ports)):
         yield ports
-    finally:
-        for process in processes:
-            stop(process)
 
 
 async def collect(url: str, key: str, port: int, count: int, timeout: float,
@@ -137,38 +133,38 @@ def test_what_a_server_on_another_redis_wrote_reaches_a_socket_by_replay_when_it
     elsewhere = RedisServer()
     elsewhere.start()
     server_a, server_b = free_port(), free_port()
-    processes = [start_server(server_a, {"REDIS_URL": redis_available}),
-                 start_server(server_b, {"REDIS_URL": elsewhere.url})]  # fmt: skip
+    agent = get_or_create_agent(name="code-review")
+    _, key = create_agent_key(agent=agent)
+    thread, _ = storage.create_thread(agent=agent, external_id="unheard")
+    seen = last_seq(thread.pk)
+    headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{server_a}"}
+    url = f"ws://127.0.0.1:{server_a}/ws/threads/{thread.pk}/?after_seq={seen}"
+
+    def write_through_b() -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{server_b}", headers={"Authorization": f"Bearer {key}"}) as b:
+            response = b.post(f"/api/v1/threads/{thread.pk}/checkpoints/",
+                              json={"parent": None, "state": {}, "label": "unheard"})  # fmt: skip
+            assert response.status_code == 201, response.text
+
+    async def scenario() -> dict[str, Any]:
+        async with websockets.connect(url, additional_headers=headers) as socket:
+            await asyncio.to_thread(write_through_b)
+            # Waiting for something that must not come takes a window: 2 s is many times what
+            # delivery over the same Redis takes (the test above).
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(2):
+                    await socket.recv()
+        async with websockets.connect(url, additional_headers=headers) as socket:
+            async with asyncio.timeout(30):
+                return dict(json.loads(await socket.recv()))
+
+    # Server A's tail watch, which would replay B's write on the open socket, is kept out of the
+    # window: what this proves is the replay a reconnecting socket gets.
+    unwatched = {"REDIS_URL": redis_available, "QUICKSAVE_LIVE_RECHECK_SECONDS": "3600"}
     try:
-        agent = get_or_create_agent(name="code-review")
-        _, key = create_agent_key(agent=agent)
-        thread, _ = storage.create_thread(agent=agent, external_id="unheard")
-        seen = last_seq(thread.pk)
-        headers = {"Authorization": f"Bearer {key}", "Origin": f"http://127.0.0.1:{server_a}"}
-        url = f"ws://127.0.0.1:{server_a}/ws/threads/{thread.pk}/?after_seq={seen}"
-
-        def write_through_b() -> None:
-            with httpx.Client(base_url=f"http://127.0.0.1:{server_b}", headers={"Authorization": f"Bearer {key}"}) as b:
-                response = b.post(f"/api/v1/threads/{thread.pk}/checkpoints/",
-                                  json={"parent": None, "state": {}, "label": "unheard"})  # fmt: skip
-                assert response.status_code == 201, response.text
-
-        async def scenario() -> dict[str, Any]:
-            async with websockets.connect(url, additional_headers=headers) as socket:
-                await asyncio.to_thread(write_through_b)
-                # Waiting for something that must not come takes a window: 2 s is many times what
-                # delivery over the same Redis takes (the test above).
-                with pytest.raises(TimeoutError):
-                    async with asyncio.timeout(2):
-                        await socket.recv()
-            async with websockets.connect(url, additional_headers=headers) as socket:
-                async with asyncio.timeout(30):
-                    return dict(json.loads(await socket.recv()))
-
-        replayed = asyncio.run(scenario())
+        with servers_running((server_a, unwatched), (server_b, {"REDIS_URL": elsewhere.url})):
+            replayed = asyncio.run(scenario())
     finally:
-        for process in processes:
-            stop(process)
         elsewhere.kill()
 
     assert (replayed["seq"], replayed["type"], replayed["data"]["label"]) == (seen + 1, "checkpoint.created", "unheard")

@@ -174,7 +174,8 @@ class Topology:
                                        poll_seconds=WORKER_POLL_SECONDS)  # fmt: skip
 
     def start(self) -> None:
-        self.servers = [start_server(port, self.env) for port in self.ports]
+        for port in self.ports:  # one at a time: stop() stops those started before a failure
+            self.servers.append(start_server(port, self.env))
         started = [self.workers.start() for _ in range(2)]
         # Serving once it says so (its agents imported, its LISTEN about to open).
         wait_until(lambda: all("serving" in self.workers.log_of(worker) for worker in started),

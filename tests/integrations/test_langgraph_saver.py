@@ -338,6 +338,25 @@ def test_a_read_after_a_put_gives_what_was_stored_even_if_the_list_was_changed_s
     assert changed.checkpoint["channel_values"]["messages"] == [user("one"), user("two")]
 
 
+def test_each_read_of_the_checkpoint_just_written_hands_out_items_of_its_own() -> None:
+    saver = QuicksaveSaver()
+    config: RunnableConfig = {"configurable": {"thread_id": "own-items", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    # Flat messages (copied a dict at a time) and a list mixing scalars and flat dicts.
+    checkpoint["channel_values"] = {"messages": [user("one"), user("two")], "tags": ["a", {"k": "v"}, 3]}
+    checkpoint["channel_versions"] = {"messages": 1, "tags": 1}
+    config = saver.put(config, checkpoint, {"source": "input", "step": -1}, {"messages": 1, "tags": 1})
+
+    first = saver.get_tuple(config)
+    assert first is not None
+    first.checkpoint["channel_values"]["messages"][0]["content"] = "changed"
+    first.checkpoint["channel_values"]["tags"][1]["k"] = "changed"
+    second = saver.get_tuple(config)
+    assert second is not None
+    assert second.checkpoint["channel_values"]["messages"] == [user("one"), user("two")]
+    assert second.checkpoint["channel_values"]["tags"] == ["a", {"k": "v"}, 3]
+
+
 def test_reading_the_newest_checkpoint_does_not_read_the_threads_older_writes() -> None:
     # The read joins a checkpoint's pending writes; a plan made while the thread was young
     # (PostgreSQL's cached generic plan) found them by thread alone, reading every write the

@@ -5,6 +5,7 @@ and thread on every log line, its latency and status in the metrics."""
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -16,6 +17,7 @@ from django.conf import settings
 from django.core.exceptions import DisallowedHost
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
 from django.shortcuts import render
+from prometheus_client import Counter, Histogram
 
 from quicksave import logs, metrics
 
@@ -23,6 +25,8 @@ ADMIN_PREFIX = "/admin/"
 # A request id a proxy in front may set; anything else is replaced by one of ours.
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 REQUEST_ID_HEADER = "X-Request-ID"
+# The header as WSGI names it in META: `request.headers` would first copy every header of the request.
+_REQUEST_ID_META = "HTTP_X_REQUEST_ID"
 # The method label's values: anything else counts as "other", so a client cannot mint label values.
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
@@ -35,7 +39,7 @@ class RequestContextMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        sent = request.headers.get(REQUEST_ID_HEADER, "")
+        sent = request.META.get(_REQUEST_ID_META, "")
         request_id = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
         # Not reset on the way out: Django logs a 4xx or 5xx (django.request) after the middleware
         # has returned, and that line must name the request too. `request_finished` forgets them
@@ -67,9 +71,21 @@ class RequestMetricsMiddleware:
         match = request.resolver_match
         route = (match.route or match.view_name or "unnamed") if match is not None else "unmatched"
         method = request.method if request.method in _METHODS else "other"
-        metrics.http_request_duration_seconds.labels(method=method, route=route).observe(elapsed)
-        metrics.http_responses_total.labels(method=method, route=route, status=str(response.status_code)).inc()
+        _duration(method, route).observe(elapsed)
+        _responses(method, route, response.status_code).inc()
         return response
+
+
+# Each label set's child, looked up once: `labels()` checks its arguments and takes the metric's lock
+# on every call. Few label sets exist (methods, route patterns and status codes), so these stay small.
+@functools.cache
+def _duration(method: str, route: str) -> Histogram:
+    return metrics.http_request_duration_seconds.labels(method=method, route=route)
+
+
+@functools.cache
+def _responses(method: str, route: str, status: int) -> Counter:
+    return metrics.http_responses_total.labels(method=method, route=route, status=str(status))
 
 
 class QueryStringLimitMiddleware:

@@ -145,3 +145,91 @@ def test_a_chunked_body_past_the_limit_is_refused_once_it_crosses_it(settings: A
         "message": "The request body is larger than 4096 bytes (QUICKSAVE_MAX_REQUEST_BYTES).",
         "detail": {"limit": 4096},
     }
+
+
+def _scope(path: str = "/api/v1/threads/", **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "headers": [(b"content-type", b"application/json")], "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 50000), "scheme": "http", "http_version": "1.1", "asgi": {"version": "3.0"}, **extra,
+    }  # fmt: skip
+
+
+def _call(app: Any, scope: dict[str, Any], body: bytes = b"") -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    asyncio.run(app(scope, receive, send))
+    return sent
+
+
+def test_a_buffered_response_goes_to_the_loop_whole_once_the_app_has_closed_it() -> None:
+    """One hop to the request thread and one back: the request thread never waits on the event loop
+    for a response that is not streamed, and the response is closed (Django's request ended, its
+    database connection given back) before the loop sends a byte of it."""
+    from quicksave.http_app import http_application
+
+    events: list[str] = []
+
+    class Parts(list[bytes]):
+        def close(self) -> None:
+            events.append("closed")
+
+    def wsgi_app(environ: dict[str, Any], start_response: Any) -> Parts:
+        start_response("201 Created", [("Content-Type", "application/json"), ("Content-Length", "4")])
+        return Parts([b'{"a"', b":1}"])
+
+    async def send_recording(message: dict[str, Any]) -> None:
+        events.append(message["type"])
+        sent.append(message)
+
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    asyncio.run(http_application(wsgi_app)(_scope(), receive, send_recording))
+
+    assert events == ["closed", "http.response.start", "http.response.body"]
+    assert sent[0] == {
+        "type": "http.response.start", "status": 201,
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"4")],
+    }  # fmt: skip
+    assert sent[1] == {"type": "http.response.body", "body": b'{"a":1}'}
+
+
+def test_the_request_reaches_the_app_as_a_pep_3333_environ() -> None:
+    from quicksave.http_app import http_application
+
+    seen: dict[str, Any] = {}
+
+    def wsgi_app(environ: dict[str, Any], start_response: Any) -> list[bytes]:
+        seen.update(environ, body=environ["wsgi.input"].read())
+        start_response("200 OK", [])
+        return [b""]
+
+    scope = _scope(
+        "/quicksave/api/v1/threads/é/", root_path="/quicksave", query_string=b"q=a%20b",
+        headers=[(b"content-type", b"application/json"), (b"content-length", b"2"), (b"x-request-id", b"abc"),
+                 (b"accept", b"text/html"), (b"accept", b"application/json")],
+    )  # fmt: skip
+    sent = _call(http_application(wsgi_app), scope, body=b"{}")
+
+    assert sent[0]["status"] == 200
+    assert seen["body"] == b"{}"
+    assert seen["REQUEST_METHOD"] == "POST"
+    assert seen["SCRIPT_NAME"] == "/quicksave"
+    assert seen["PATH_INFO"] == "/api/v1/threads/é/".encode().decode("latin1")  # PEP 3333's bytes-as-latin-1
+    assert seen["QUERY_STRING"] == "q=a%20b"
+    assert (seen["CONTENT_TYPE"], seen["CONTENT_LENGTH"]) == ("application/json", "2")
+    assert seen["HTTP_X_REQUEST_ID"] == "abc"
+    assert seen["HTTP_ACCEPT"] == "text/html,application/json"
+    assert (seen["SERVER_NAME"], seen["SERVER_PORT"], seen["SERVER_PROTOCOL"]) == ("127.0.0.1", "8000", "HTTP/1.1")
+    assert (seen["REMOTE_ADDR"], seen["REMOTE_PORT"]) == ("127.0.0.1", "50000")
+    assert seen["wsgi.url_scheme"] == "http"
+    assert "HTTP_CONTENT_TYPE" not in seen and "HTTP_CONTENT_LENGTH" not in seen

@@ -90,6 +90,21 @@ def test_a_checkpoint_write_counts_its_route_its_commit_and_its_bytes(
     assert not any(str(thread.pk) in key for key in values)
 
 
+def test_each_status_of_one_route_is_a_series_of_its_own(owner_client: APIClient, thread: Thread) -> None:
+    url = f"/api/v1/threads/{thread.pk}/checkpoints/"
+    labels = {"method": "POST", "route": WRITE_ROUTE}
+    before = {status: sample("quicksave_http_responses_total", **labels, status=status) for status in ("201", "409")}
+    timed = sample("quicksave_http_request_duration_seconds_count", **labels)
+
+    assert post(owner_client, url, {"parent": None, "state": {"a": 1}}).status_code == 201
+    assert post(owner_client, url, {"parent": None, "state": {"a": 2}}).status_code == 409
+    assert post(owner_client, url, {"parent": None, "state": {"a": 3}}).status_code == 409
+
+    assert sample("quicksave_http_responses_total", **labels, status="201") == before["201"] + 1
+    assert sample("quicksave_http_responses_total", **labels, status="409") == before["409"] + 2
+    assert sample("quicksave_http_request_duration_seconds_count", **labels) == timed + 3
+
+
 def test_a_stale_parent_counts_as_a_conflict_by_its_code(owner_client: APIClient, thread: Thread) -> None:
     first = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     storage.append_checkpoint(thread=thread, parent=first, state={"a": 2})

@@ -143,7 +143,7 @@ def append_checkpoint(
     if len(canonical) > blobs.limit():
         canonical = offloaded(thread.pk, new_state if kind == PayloadKind.SNAPSHOT else codec.loads(delta), canonical)
     checkpoint_id = new_id()
-    payload = seal_payload(thread.pk, checkpoint_id, canonical)
+    payload = seal_payload(thread.pk, checkpoint_id, canonical, snapshot=kind == PayloadKind.SNAPSHOT)
     fields["state_bytes"] = state_bytes
     created_at = timezone.now()
     integrity = codec.integrity_mac(

@@ -65,21 +65,27 @@ def thread(agent: Agent) -> Thread:
     return storage.create_thread(agent=agent)[0]
 
 
-def test_a_snapshot_of_a_grown_log_stores_only_what_was_added_since_the_last(thread: Thread) -> None:
+def test_a_snapshot_of_a_grown_log_stores_only_what_was_added_since_the_last(
+    thread: Thread, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Chunks of some 16 KiB, so that this short a conversation has a dozen.
+    monkeypatch.setattr(chunks, "MIN_CHUNK", 8 * 1024)
+    monkeypatch.setattr(chunks, "DIVISOR", 8)
     written = chat(thread, 230)
     # Snapshots twice apart (the replay budget): the last two hold some 110 and 220 answers.
     *_, first, second = (c for c in written[1:] if c.kind == PayloadKind.SNAPSHOT)
     assert second.seq > 200 and chunk_digests(first)
-    whole = codec.encode(codec.to_canonical_bytes(storage.state_at(second)))
+    older = storage.state_at(first)["items"]
+    whole = len(codec.encode(codec.to_canonical_bytes(storage.state_at(second))))
+    added = whole - len(codec.encode(codec.to_canonical_bytes({"items": older})))
 
-    # The second snapshot names the first one's chunks again and stores only the newer half of the
-    # state beside them (what a snapshot framed whole stores is all of it).
+    # The second snapshot names the first one's chunks again and stores about the newer half of the
+    # state beside them (a snapshot framed whole stores all of it: twice that).
     assert set(chunk_digests(first)) < set(chunk_digests(second))
     new_chunks = set(chunk_digests(second)) - set(chunk_digests(first))
     new_bytes = sum(len(c.data) for c in SnapshotChunk.objects.filter(thread=thread, digest__in=new_chunks))
-    assert len(second.payload) + new_bytes < 0.7 * len(whole)
-    assert stored_bytes(thread) + len(first.payload) + len(second.payload) < 1.2 * len(whole)
-    older = storage.state_at(first)["items"]
+    assert len(second.payload) + new_bytes < 1.3 * added < 0.7 * whole
+    assert stored_bytes(thread) + len(first.payload) + len(second.payload) < 1.2 * whole
     assert storage.state_at(second)["items"][: len(older)] == older
 
 

@@ -179,11 +179,12 @@ def _store(thread_id: UUID, pieces: list[bytes], digests: list[bytes]) -> None:
     with cursors.cursor() as cursor:
         cursor.execute(_FIND_SQL, {"thread": thread_id, "digests": digests})
         found = {bytes(row[0]) for row in cursor.fetchall()}
-        new = [(d, piece) for d, piece in zip(digests, pieces, strict=True) if d not in found]
+        # Once each: a state may hold the same piece twice, and one insert may not touch a row twice.
+        new = {d: piece for d, piece in zip(digests, pieces, strict=True) if d not in found}
         if not new:
             return
-        data = [crypto.seal(thread_id, chunk_ad(thread_id, d), codec.encode(piece)) for d, piece in new]
-        cursor.execute(_INSERT_SQL, {"thread": thread_id, "digests": [d for d, _ in new], "data": data})
+        data = [crypto.seal(thread_id, chunk_ad(thread_id, d), codec.encode(piece)) for d, piece in new.items()]
+        cursor.execute(_INSERT_SQL, {"thread": thread_id, "digests": list(new), "data": data})
 
 
 def _fetch(thread_id: UUID, digests: list[bytes]) -> dict[bytes, bytes]:

@@ -86,7 +86,7 @@ def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Coll
 # it names may look that old: the grace period is never shorter than twice that.
 _CHUNK_DELETE_SQL = f"""
 DELETE FROM checkpoints_snapshotchunk
-WHERE thread_id = %(thread)s AND NOT (digest = ANY(%(referenced)s))
+WHERE thread_id = %(thread)s AND NOT (digest = ANY(%(referenced)s::bytea[]))
   AND used_at < now() - make_interval(secs => greatest(%(grace)s, {2 * TOUCH_SECONDS}))
 RETURNING octet_length(data)
 """

@@ -168,3 +168,16 @@ def test_prune_collects_the_chunks_no_snapshot_names_and_thread_deletion_takes_t
     assert every_state(thread)  # every remaining state still reads
     storage.delete_thread(thread)
     assert not SnapshotChunk.objects.filter(thread_id=thread.pk).exists()
+
+
+def test_a_snapshot_holding_the_same_piece_twice_stores_it_once(thread: Thread) -> None:
+    rng = random.Random(4)
+    block = [answer(rng) for _ in range(150)]
+    state = {"first": block, "second": block, "third": block}
+
+    written = storage.append_checkpoint(thread=thread, parent=None, state=state)
+
+    digests = chunk_digests(written)
+    assert len(digests) > len(set(digests)) == SnapshotChunk.objects.filter(thread=thread).count()
+    storage.clear_caches()
+    assert storage.state_at(written) == state

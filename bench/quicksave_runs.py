@@ -37,7 +37,7 @@ from bench.peers import (
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
     "checkpoints_checkpoint", "checkpoints_event", "checkpoints_thread", "checkpoints_branch", "checkpoints_threadkey",
-    "checkpoints_materialisedhead",
+    "checkpoints_materialisedhead", "checkpoints_snapshotchunk",
 )  # fmt: skip
 READS = 21
 

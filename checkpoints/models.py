@@ -271,6 +271,26 @@ class Blob(models.Model):
         return f"{self.sha256[:12]} ({self.size} bytes)"
 
 
+class SnapshotChunk(models.Model):
+    """A piece of a large snapshot's canonical JSON, kept once per thread (checkpoints/storage/chunks.py).
+
+    Snapshots name their chunks by `digest` (a keyed hash of the piece's bytes), so the older part
+    of a growing state is stored once however many snapshots hold it. `data` is the piece framed
+    and sealed like a payload, bound to the thread and the digest.
+    """
+
+    pk = models.CompositePrimaryKey("thread", "digest")
+    thread = models.ForeignKey(Thread, on_delete=models.CASCADE, related_name="+", db_index=False)
+    digest = models.BinaryField(max_length=32)
+    data = models.BinaryField()
+    # Bumped (at most once a minute) by every snapshot that names it; garbage collection spares
+    # recently used chunks, which a snapshot being written may be about to name.
+    used_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"chunk {bytes(self.digest).hex()[:12]} of {self.thread_id}"
+
+
 class DeletedThread(models.Model):
     """A thread this installation deleted, until `manage.py prune` has removed its blob files.
 

@@ -278,7 +278,7 @@ def _collect_blobs(report: PruneReport) -> None:
         log.exception("prune: collecting unreferenced blobs failed")
         report.blob_error = str(exc) or type(exc).__name__
         return
-    report.blobs_removed = collected.rows + collected.files
+    report.blobs_removed = collected.rows + collected.files + collected.chunks
     report.blob_bytes_freed = collected.bytes
 
 

@@ -1,8 +1,9 @@
 """The checkpoint storage engine: the one writer of the checkpoint chain and the reader of its states.
 
 It owns the `checkpoints_checkpoint`, `_branch`, `_event`, `_materialisedhead`, `_threadkey`,
-`_blob` and `_toolresult` rows as the engine writes them: a checkpoint's payload (a delta or a
-snapshot, framed by `codec`, sealed by `crypto`, large values offloaded by `blobs`), its
+`_blob`, `_snapshotchunk` and `_toolresult` rows as the engine writes them: a checkpoint's payload
+(a delta or a snapshot, framed by `codec`, a large snapshot in chunks its thread's snapshots share
+(`chunks`), sealed by `crypto`, large values offloaded by `blobs`), its
 integrity MAC chained from its parent's, and what saves replays (this process's `nodes`, and
 each branch's materialised head in PostgreSQL).
 

@@ -9,7 +9,10 @@ REPLAY_BUDGET times reading the state whole (see REPLAY_COST_PER_BYTE). For a
 state that grows by appending (a message log) that second rule doubles the distance
 between snapshots, so their total size stays about twice the final state, storage
 stays linear in the thread's length, and reading any state costs at most about one
-and a half times its size. The count rule bounds the rows a cold read replays.
+and a half times its size. The count rule bounds the rows a cold read replays. A large snapshot is
+stored in chunks its thread's other snapshots share (chunks.py): of a growing log, each stores
+about what was added since the last, so the count rule's snapshots of a long thread no longer
+add a whole state each.
 
 States already materialised are kept in a per-process cache keyed by checkpoint
 id. Checkpoints are immutable, so the cache never goes stale; it only saves the
@@ -143,7 +146,7 @@ def append_checkpoint(
     if len(canonical) > blobs.limit():
         canonical = offloaded(thread.pk, new_state if kind == PayloadKind.SNAPSHOT else codec.loads(delta), canonical)
     checkpoint_id = new_id()
-    payload = seal_payload(thread.pk, checkpoint_id, canonical)
+    payload = seal_payload(thread.pk, checkpoint_id, canonical, snapshot=kind == PayloadKind.SNAPSHOT)
     fields["state_bytes"] = state_bytes
     created_at = timezone.now()
     integrity = codec.integrity_mac(

@@ -35,6 +35,7 @@ ZSTD = b"\x03"
 # below DICTIONARY_BELOW makes: a delta of one chat message is some 80 bytes smaller than a plain
 # zstd frame, and one of a short message compresses at all.
 ZSTD_DICT = b"\x04"
+# 0x05 is a snapshot in chunks stored apart (checkpoints/storage/chunks.py), which payloads.py opens.
 # Below this size a frame header eats what compression saves, even with a dictionary.
 COMPRESS_FROM = 32
 # From this size on a dictionary saves nothing and zstd's parameters for the input's own size pack

@@ -1,4 +1,4 @@
-"""Blob garbage collection (`manage.py prune`): deletes the blobs no remaining checkpoint refers to."""
+"""Garbage collection (`manage.py prune`): deletes the blobs and snapshot chunks no remaining checkpoint refers to."""
 
 from __future__ import annotations
 
@@ -7,14 +7,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 from django.db import transaction
 from django.utils import timezone
 
-from checkpoints.models import Blob, Checkpoint, DeletedThread, Thread
+from checkpoints.models import Blob, Checkpoint, DeletedThread, PayloadKind, SnapshotChunk, Thread
+from checkpoints.storage import cursors
 from checkpoints.storage.blobs import blob_name, refs_in, storage
-from checkpoints.storage.payloads import decode_payload
+from checkpoints.storage.chunks import TOUCH_SECONDS
+from checkpoints.storage.payloads import chunk_digests, decode_payload
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +27,8 @@ class Collected:
     rows: int
     files: int
     bytes: int
+    # Snapshot chunks deleted (their bytes are counted in `bytes`).
+    chunks: int = 0
 
 
 def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Collected:
@@ -73,7 +78,38 @@ def collect_garbage(*, dry_run: bool = False, grace_seconds: int = 3600) -> Coll
                     _delete_file(name)
     if not dry_run:
         DeletedThread.objects.filter(thread_id__in=deleted).delete()
-    return Collected(rows=rows, files=files, bytes=freed)
+    chunks, chunk_bytes = _collect_chunks(dry_run=dry_run, grace_seconds=grace_seconds)
+    return Collected(rows=rows, files=files, bytes=freed + chunk_bytes, chunks=chunks)
+
+
+# A snapshot being written refreshes its chunks' use time at most every TOUCH_SECONDS, so a chunk
+# it names may look that old: the grace period is never shorter than twice that.
+_CHUNK_DELETE_SQL = f"""
+DELETE FROM checkpoints_snapshotchunk
+WHERE thread_id = %(thread)s AND NOT (digest = ANY(%(referenced)s::bytea[]))
+  AND used_at < now() - make_interval(secs => greatest(%(grace)s, {2 * TOUCH_SECONDS}))
+RETURNING octet_length(data)
+"""
+_CHUNK_COUNT_SQL = _CHUNK_DELETE_SQL.replace("DELETE FROM", "SELECT octet_length(data) FROM").replace(
+    "RETURNING octet_length(data)", ""
+)
+
+
+def _collect_chunks(*, dry_run: bool, grace_seconds: int) -> tuple[int, int]:
+    """Delete the snapshot chunks no snapshot of their thread names any more (compaction rewrote
+    or removed it, or the write that stored them lost its race); returns (chunks, bytes)."""
+    count = freed = 0
+    for thread_id in SnapshotChunk.objects.values_list("thread_id", flat=True).distinct():
+        referenced: set[bytes] = set()
+        snapshots = Checkpoint.objects.filter(thread_id=thread_id, kind=PayloadKind.SNAPSHOT)
+        for row in snapshots.only("id", "thread_id", "payload").iterator():
+            referenced.update(chunk_digests(row))
+        params: dict[str, Any] = {"thread": thread_id, "referenced": list(referenced), "grace": grace_seconds}
+        with transaction.atomic(), cursors.cursor() as cursor:
+            cursor.execute(_CHUNK_COUNT_SQL if dry_run else _CHUNK_DELETE_SQL, params)
+            sizes = [int(row[0]) for row in cursor.fetchall()]
+        count, freed = count + len(sizes), freed + sum(sizes)
+    return count, freed
 
 
 def _modified_before(name: str, cutoff: float) -> bool:

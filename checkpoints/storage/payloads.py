@@ -12,7 +12,7 @@ from checkpoints.fields import associated_data
 from checkpoints.models import (
     Checkpoint,
 )
-from checkpoints.storage import blobs, codec, crypto
+from checkpoints.storage import blobs, chunks, codec, crypto
 from checkpoints.storage.errors import (
     IntegrityFailure,
 )
@@ -82,8 +82,11 @@ def offloaded(thread_id: UUID, value: Any, canonical: bytes) -> bytes:
     return codec.to_canonical_bytes(stored) if refs else canonical
 
 
-def seal_payload(thread_id: UUID, checkpoint_id: UUID, canonical: bytes) -> bytes:
-    return crypto.seal(thread_id, lambda: payload_ad(checkpoint_id), codec.encode(canonical))
+def seal_payload(thread_id: UUID, checkpoint_id: UUID, canonical: bytes, *, snapshot: bool = False) -> bytes:
+    """`canonical` framed and sealed to its row; a large `snapshot` in chunks it shares with the
+    thread's other snapshots (chunks.py), stored before the row that will name them."""
+    framed = chunks.frame(thread_id, canonical) if snapshot else codec.encode(canonical)
+    return crypto.seal(thread_id, lambda: payload_ad(checkpoint_id), framed)
 
 
 def decode_payload(row: Checkpoint | Row, *, restore: bool = True) -> Any:
@@ -100,11 +103,19 @@ def open_payload(thread_id: UUID, stored: bytes, ad: Callable[[], bytes], *, res
     """The JSON value in a sealed (or, in a thread without a data key, plain) framed payload,
     with its offloaded values read back unless `restore` is False. `ad` gives what a sealed
     payload is bound to; it is only computed for one (a replay opens hundreds of plain ones)."""
-    canonical = codec.unframe(crypto.unseal(thread_id, ad() if crypto.is_sealed(stored) else b"", stored))
+    framed = crypto.unseal(thread_id, ad() if crypto.is_sealed(stored) else b"", stored)
+    canonical = chunks.unframe(thread_id, framed) if chunks.is_chunked(framed) else codec.unframe(framed)
     value = codec.loads(canonical)
     if restore and blobs.has_refs(canonical):
         value = blobs.restore(thread_id, value)
     return value
+
+
+def chunk_digests(row: Checkpoint | Row) -> list[bytes]:
+    """The snapshot chunks a stored row's payload names (none unless it is a chunked snapshot)."""
+    stored = bytes(row.payload)
+    framed = crypto.unseal(row.thread_id, payload_ad(row.id) if crypto.is_sealed(stored) else b"", stored)
+    return chunks.digests_in(framed) if chunks.is_chunked(framed) else []
 
 
 def verify_row(row: Row, *, parent_integrity: bytes | None) -> None:

@@ -176,9 +176,10 @@ def _search(request: Request, prefix: Path) -> Response:
     if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset <= MAX_OFFSET:
         raise _bad_cursor()
     limit = params["limit"]
+    reader = _reader(_origin(request.user, params.get("thread"), params.get("checkpoint")))
     found = selectors.search_items(
         scope=scope, prefix=prefix, filter=params.get("filter"), query=params.get("query"), limit=limit + 1,
-        offset=offset,
+        offset=offset, reader=reader,
     )  # fmt: skip
     more = len(found) > limit and offset + limit <= MAX_OFFSET
     results = [_item(item) for item in found[:limit]]
@@ -231,6 +232,13 @@ def _origin(principal: Any, thread: UUID | None, checkpoint: UUID | None) -> sto
     return store.NOWHERE
 
 
+def _reader(origin: store.Origin) -> reads.Reader | None:
+    """Who reads, when the request names a thread (checked by `_origin`): its reads are recorded."""
+    if origin.thread_id is None:
+        return None
+    return reads.Reader(thread_id=origin.thread_id, checkpoint_id=origin.checkpoint_id)
+
+
 def _key(key: str) -> str:
     return item_key(key)
 
@@ -246,13 +254,10 @@ class ItemView(APIView):
         scope = scope_for_reading(request.user)
         params = _query(ItemQuery, request)
         path, key = _path(namespace), _key(key)
-        origin = _origin(request.user, params.get("thread"), params.get("checkpoint"))
+        reader = _reader(_origin(request.user, params.get("thread"), params.get("checkpoint")))
         if params.get("as_of") is not None:
-            found = selectors.item_as_of(namespace=path, key=key, scope=scope, at=params["as_of"])
+            found = selectors.item_as_of(namespace=path, key=key, scope=scope, at=params["as_of"], reader=reader)
         else:
-            reader = None
-            if origin.thread_id is not None:
-                reader = reads.Reader(thread_id=origin.thread_id, checkpoint_id=origin.checkpoint_id)
             found = selectors.get_item(namespace=path, key=key, scope=scope, refresh_ttl=True, reader=reader)
         if found is None:
             raise NotFound(f"There is no item {key!r} in {dotted(path)}.")

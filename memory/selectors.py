@@ -225,14 +225,14 @@ def search_items(
         params["query_vector"] = "[" + ",".join(repr(float(c)) for c in vector.embedding) + "]"
         distance = distance_sql(vector)
         sql = (
-            f"WITH {namespaces}, near AS (SELECT x.item_id, {distance} AS distance FROM memory_indexentry x "
-            f"WHERE x.dims = {int(dims)} AND x.namespace_id IN (SELECT id FROM ns) ORDER BY {distance} "
-            "LIMIT %(expanded)s), best AS (SELECT item_id, min(distance) AS distance FROM near GROUP BY item_id) "
+            f"WITH {namespaces}, {_near_sql(distance, dims)}, best AS MATERIALIZED (SELECT item_id, namespace_id, "
+            "min(distance) AS distance FROM near GROUP BY item_id, namespace_id) "
             f"SELECT {_ITEM_COLUMNS}, ns.path, {score_sql(vector, 'best.distance')} AS score, {reader_sql} FROM best "
-            f"JOIN memory_item i ON i.id = best.item_id JOIN ns ON ns.id = i.namespace_id WHERE {where} "
+            f"JOIN ns ON ns.id = best.namespace_id JOIN memory_item i ON i.id = best.item_id WHERE {where} "
             "ORDER BY best.distance, i.updated_at DESC, i.id DESC"
         )
         params["expanded"] = (offset + limit) * max(vectors_per_item, 1) * (2 if exact else 8) + 1
+        params["candidates"] = max(params["expanded"], HNSW_CANDIDATES)
     elif query and query.strip():
         params["query"] = " or ".join(word.strip('"').lstrip("-") for word in query.split())
         sql = (
@@ -255,6 +255,38 @@ def search_items(
         for item, _ in found:
             _record_read(item, reader, resolved=resolved)
     return [item for item, _ in found]
+
+
+# What an HNSW index scan returns at most: pgvector's default `hnsw.ef_search` (before pgvector 0.8,
+# which the embedded server predates, a scan stops there, whatever the LIMIT).
+HNSW_CANDIDATES = 40
+
+
+def _near_sql(distance: str, dims: int) -> str:
+    """The `near` CTE of a vector search: the `%(expanded)s` index entries under `ns` nearest the
+    query, found by the HNSW index where it can, else exactly.
+
+    The index serves an ORDER BY distance LIMIT over all entries of the dimensions, not one
+    filtered by namespace: the planner, which takes `ns` for a row or two, would read the entries
+    of `ns`'s namespaces by their btree and sort them all instead, however many there are. So
+    the index's nearest `%(candidates)s` entries come first (`approximate`), and when enough of
+    them are under `ns` they are the answer; when not (a narrow prefix: the index's nearest are
+    mostly elsewhere) the entries under `ns` are read and sorted, ordered by an expression the
+    index cannot serve, so that part is exact and never cut short by the index scan's own limit."""
+    dims = int(dims)
+    return (
+        "candidates AS MATERIALIZED (SELECT x.item_id, x.namespace_id, "
+        f"{distance} AS distance FROM memory_indexentry x WHERE x.dims = {dims} ORDER BY {distance} "
+        "LIMIT %(candidates)s), "
+        "approximate AS MATERIALIZED (SELECT c.item_id, c.namespace_id, c.distance FROM candidates c "
+        "WHERE c.namespace_id IN (SELECT id FROM ns) ORDER BY c.distance LIMIT %(expanded)s), "
+        "near AS (SELECT item_id, namespace_id, distance FROM approximate "
+        "WHERE (SELECT count(*) FROM approximate) = %(expanded)s "
+        f"UNION ALL (SELECT x.item_id, x.namespace_id, {distance} FROM memory_indexentry x "
+        "WHERE (SELECT count(*) FROM approximate) < %(expanded)s "
+        f"AND x.dims = {dims} AND x.namespace_id IN (SELECT id FROM ns) ORDER BY ({distance}) + 0 "
+        "LIMIT %(expanded)s))"
+    )
 
 
 def _page(
@@ -514,9 +546,12 @@ def item_reads(*, namespace: Path | list[str], key: str, scope: Scope, limit: in
         return [ReadBy(*row) for row in cursor.fetchall()]
 
 
-def item_as_of(*, namespace: Path | list[str], key: str, scope: Scope, at: datetime) -> Found | None:
+def item_as_of(
+    *, namespace: Path | list[str], key: str, scope: Scope, at: datetime, reader: reads.Reader | None = None
+) -> Found | None:
     """The item as it was at `at`: the value of the newest version written by then (None if it
-    did not exist yet or was deleted)."""
+    did not exist yet or was deleted). A read from a thread (`reader`, by its id) is recorded
+    with the version it read (memory.reads)."""
     path = namespace_path(namespace)
     item = _item(path, item_key(key), scope)
     if item is None:
@@ -542,10 +577,13 @@ def item_as_of(*, namespace: Path | list[str], key: str, scope: Scope, at: datet
             {"item": item.id, "version": version, "deleted": int(VersionKind.DELETED)},
         )
         created = cursor.fetchone()[0]
-    return Found(
+    found = Found(
         item_id=item.id, namespace=path, key=item.key, value=target.value, version=target.version,
         created_at=created, updated_at=target.created_at,
     )  # fmt: skip
+    if reader is not None:
+        _record_read(found, reader, resolved=None)
+    return found
 
 
 def verify_item(*, namespace: Path | list[str], key: str, scope: Scope) -> int:

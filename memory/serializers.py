@@ -89,6 +89,10 @@ class SearchQuery(PageQuery):
         help_text='A JSON object: `{"status": "open", "score": {"$gte": 3}}` ($eq $ne $gt $gte $lt $lte).',
     )  # fmt: skip
     limit = _page_limit(20)
+    thread = serializers.UUIDField(
+        required=False, help_text="The thread this search is made from: each item found names it among its readers."
+    )
+    checkpoint = serializers.UUIDField(required=False, help_text="The checkpoint of that thread it is made from.")
 
 
 class ItemQuery(StrictQuery):

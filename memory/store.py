@@ -390,9 +390,10 @@ def _write(
         "since_snapshot": since_snapshot,
         "created_at": created_at, "updated_at": now, "expires_at": expires_at, "ttl": ttl_minutes,
     }  # fmt: skip
+    # A snapshot's payload is the item's value: the statement copies it (None), not sent twice.
     row = {
-        "kind": int(kind), "payload": payload, "writer": str(author.kind), "agent": author.agent_id,
-        "agent_key": author.agent_key_id, "user": author.user_id, "rule": author.rule,
+        "kind": int(kind), "payload": None if kind == VersionKind.SNAPSHOT else payload, "writer": str(author.kind),
+        "agent": author.agent_id, "agent_key": author.agent_key_id, "user": author.user_id, "rule": author.rule,
         "thread": origin.thread_id, "checkpoint": origin.checkpoint_id,
     }  # fmt: skip
     drop_entries = head is not None and head.indexed
@@ -427,7 +428,7 @@ _INSERT_ITEM = """
         %(indexed)s::bool, %(since_snapshot)s::int, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
         %(expires_at)s::timestamptz, %(ttl)s::float8
     WHERE EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s::bigint)
-    ON CONFLICT (namespace_id, key) DO NOTHING RETURNING id
+    ON CONFLICT (namespace_id, key) DO NOTHING RETURNING id, value
 """
 _UPDATE_ITEM = """
     UPDATE memory_item SET version = %(version)s, deleted = %(deleted)s, value = %(value)s,
@@ -435,12 +436,12 @@ _UPDATE_ITEM = """
         tokens = %(tokens)s::bigint[], indexed = %(indexed)s, since_snapshot = %(since_snapshot)s,
         created_at = %(created_at)s, updated_at = %(updated_at)s, expires_at = %(expires_at)s,
         ttl_minutes = %(ttl)s::float8
-    WHERE id = %(item)s AND version = %(previous)s RETURNING id
+    WHERE id = %(item)s AND version = %(previous)s RETURNING id, value
 """
 _INSERT_VERSION = """
     INSERT INTO memory_itemversion (item_id, version, kind, payload, integrity, created_at, value_bytes, writer,
         agent_id, agent_key_id, user_id, rule, thread_id, checkpoint_id)
-    SELECT id, %(version)s::int, %(kind)s::smallint, %(payload)s::bytea, %(integrity)s::bytea,
+    SELECT id, %(version)s::int, %(kind)s::smallint, coalesce(%(payload)s::bytea, value), %(integrity)s::bytea,
         %(updated_at)s::timestamptz, %(value_bytes)s::int, %(writer)s::varchar, %(agent)s::bigint,
         %(agent_key)s::bigint, %(user)s::int, %(rule)s::varchar, %(thread)s::uuid, %(checkpoint)s::uuid
     FROM item RETURNING 1

@@ -8,6 +8,7 @@ import math
 from typing import Any, TypedDict
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 from langgraph.graph import START, StateGraph
 from langgraph.store.base import BaseStore, GetOp, Item, ListNamespacesOp, MatchCondition, PutOp, SearchOp
@@ -230,6 +231,27 @@ def test_with_pgvector_a_query_finds_the_nearest_items_with_their_similarity(dis
         assert item.score == pytest.approx(similarity(texts[item.key]), abs=1e-5)
     assert "zebra" in letters.embedded
     assert IndexEntry.objects.filter(embedding__isnull=False).count() == 4
+
+
+@pytest.mark.pgvector
+def test_with_pgvector_a_search_under_one_namespace_finds_its_items_when_the_nearest_are_elsewhere() -> None:
+    store = QuicksaveStore(index=by_letters(Letters()))
+    store.setup()
+    for n in range(60):
+        store.put(("zoo",), f"z{n}", {"text": "zebra " + "z" * n})
+    texts = {"a": "zany cat", "b": "dull dog", "c": "big bear"}
+    for key, text in texts.items():
+        store.put(("docs",), key, {"text": text})
+
+    # As on a large table, where the planner takes the HNSW index over reading every entry: its
+    # scan stops at the 40 entries nearest the query (hnsw.ef_search), here all of ("zoo",).
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        found = store.search(("docs",), query="zebra", limit=3)
+
+    assert sorted(item.key for item in found) == ["a", "b", "c"]
+    scores = [item.score for item in found]
+    assert scores == sorted(scores, reverse=True)  # type: ignore[type-var]
 
 
 @pytest.mark.pgvector

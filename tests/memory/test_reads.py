@@ -137,3 +137,24 @@ def test_an_agents_api_read_naming_its_thread_is_recorded_and_a_foreign_thread_i
         checkpoint.pk,
         1,
     )
+
+
+def test_an_api_search_and_an_as_of_read_naming_their_thread_are_recorded(
+    owner_client: APIClient, thread: Thread
+) -> None:
+    checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={})
+    url = "/api/v1/memory/namespaces/users.alice/items/prefs/"
+    assert owner_client.put(url, {"value": {"seat": "aisle"}}, format="json").status_code == 201
+    between = owner_client.get(url).json()["updated_at"]
+    assert owner_client.put(url, {"value": {"seat": "window"}}, format="json").status_code == 200
+    named = {"thread": str(thread.pk), "checkpoint": str(checkpoint.pk)}
+
+    searched = owner_client.get("/api/v1/memory/namespaces/users.alice/items/", named)
+    as_of = owner_client.get(url, {"as_of": between, **named})
+
+    assert [item["key"] for item in searched.json()["results"]] == ["prefs"]
+    assert as_of.json()["value"] == {"seat": "aisle"}
+    assert sorted((r.version, r.thread_id, r.checkpoint_id) for r in recorded()) == [
+        (1, thread.pk, checkpoint.pk),
+        (2, thread.pk, checkpoint.pk),
+    ]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from checkpoints import storage
@@ -220,6 +221,19 @@ def test_a_put_of_a_key_this_process_does_not_know_is_one_statement(
         put({"v": 1}, key="new")
     with django_assert_num_queries(1):
         put({"v": 2}, key="new")
+
+
+def test_a_snapshot_sends_its_sealed_value_once_and_the_version_keeps_the_same_bytes() -> None:
+    put({"v": 1}, key="warm-up")
+    with CaptureQueriesContext(connection) as captured:
+        put({"v": 2, "text": "a value long enough to be recognised in the statement"})
+
+    item = Item.objects.get(key="prefs")
+    assert item.value is not None
+    sealed = bytes(item.value)
+    assert bytes(ItemVersion.objects.get(item=item, version=1).payload) == sealed
+    sent = "".join(query["sql"] for query in captured.captured_queries)
+    assert sent.count(sealed.hex()) == 1
 
 
 def test_a_put_of_an_item_another_process_wrote_continues_its_chain() -> None:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -19,6 +19,8 @@ from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_creat
 from tests.conftest import handshake
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +83,16 @@ def _principal(who: str, *, agent: str) -> Any:
     return AgentPrincipal(key)
 
 
+async def _unpublished(write: Callable[[], T]) -> T:
+    """`write` commits, but none of its events reach the channel layer (lost on the way)."""
+    sent = live._publisher.send
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
+    try:
+        return await sync_to_async(write)()
+    finally:
+        live._publisher.send = sent  # type: ignore[method-assign]
+
+
 async def _write_two_unpublished(thread: Any, *, last_label: str = "") -> None:
     """Two checkpoints commit on `thread` whose events never reach the channel layer (lost on the way)."""
 
@@ -89,12 +101,7 @@ async def _write_two_unpublished(thread: Any, *, last_label: str = "") -> None:
         first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
         storage.append_checkpoint(thread=thread, parent=first, state={"i": 2}, label=last_label)
 
-    sent = live._publisher.send
-    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
-    try:
-        await sync_to_async(write_two)()
-    finally:
-        live._publisher.send = sent  # type: ignore[method-assign]
+    await _unpublished(write_two)
 
 
 async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
@@ -254,6 +261,33 @@ async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(applic
     second = await sync_to_async(_suspended)()
     requested = await communicator.receive_json_from(timeout=5)
     assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
+    await communicator.disconnect()
+
+
+async def test_the_inboxs_last_events_lost_on_the_way_arrive_as_a_fresh_sync(application: Any, settings: Any) -> None:
+    """The inbox mixes threads, so no gap in seq shows a lost event: the inbox watch finds the
+    table's pending approvals other than those the socket told of and syncs the socket again, once."""
+    from approvals.services import decide
+
+    settings.QUICKSAVE_LIVE_RECHECK_SECONDS = 0.2
+    viewer = await sync_to_async(_viewer)()
+    communicator = await connect(application, "/ws/inbox/", viewer)
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["data"]["pending"] == []
+
+    requested = await _unpublished(_suspended)
+    sync = await communicator.receive_json_from(timeout=5)
+    assert sync == {"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": [str(requested.pk)]}}
+    assert await communicator.receive_nothing(timeout=0.5)  # in step again: no repeat at the next rounds
+
+    def decide_it() -> None:
+        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        grant_role(user=reviewer, role="reviewer")
+        decide(approval=requested, user=User.objects.get(pk=reviewer.pk), decision="approve")
+
+    await _unpublished(decide_it)
+    assert (await communicator.receive_json_from(timeout=5))["data"] == {"pending": []}
+    assert await communicator.receive_nothing(timeout=0.5)
     await communicator.disconnect()
 
 

@@ -9,7 +9,8 @@ server; the data goes to a database of its own there, ``quicksave_load_bench``, 
     .venv/bin/python bench/load.py --agents 20 --reviewers 4 --sockets 20 --minutes 0.5 --soak-minutes 1
 
 Everything runs on loopback, as real processes this script starts and stops (SIGTERM, then SIGKILL
-after a timeout): P uvicorn processes (``quicksave.asgi``), each on a port of its own, clients
+after a timeout), with ``MALLOC_ARENA_MAX=2`` as the production image sets it unless the bench's own
+environment says otherwise: P uvicorn processes (``quicksave.asgi``), each on a port of its own, clients
 spread over them round-robin, sharing the channel layer in Redis; and W ``manage.py run_agents
 --agent demo-travel`` workers. For each setting of ``--processes`` (1, 2 and 4) the load runs for
 ``--minutes``; then, at 2 processes, for ``--soak-minutes``. In each:
@@ -781,7 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_django(url, redis_url)
     if args.database_url is None:
         migrate()
-    env = {name: value for name, value in os.environ.items() if name != "DJANGO_ALLOW_ASYNC_UNSAFE"}
+    # Two malloc arenas, as the production image has them (deploy/Dockerfile); MALLOC_ARENA_MAX=0 in
+    # the bench's environment gives its processes glibc's default.
+    env = {"MALLOC_ARENA_MAX": "2", **{name: value for name, value in os.environ.items()
+                                        if name != "DJANGO_ALLOW_ASYNC_UNSAFE"}}  # fmt: skip
     env.update({"DATABASE_URL": url, "REDIS_URL": redis_url, "QUICKSAVE_EMBEDDED_WORKER": "false",
                 "DJANGO_SETTINGS_MODULE": "quicksave.settings", "LOG_LEVEL": "WARNING"})  # fmt: skip
     keys, people = create_principals(args.agents, args.reviewers, time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -179,8 +179,9 @@ else:
             "CONFIG": {"capacity": QUICKSAVE_CHANNEL_CAPACITY},
         }
     }
-# How often a thread's open sockets are checked against the thread's event counter (one query a
-# server process): a socket whose last events were lost on the way replays them from the table.
+# How often a thread's open sockets are checked against the thread's event counter, and inbox sockets
+# against the pending approvals (one query each a server process): a thread socket whose last events were
+# lost on the way replays them from the table, an inbox socket gets a fresh inbox.sync.
 QUICKSAVE_LIVE_RECHECK_SECONDS: float = envint("QUICKSAVE_LIVE_RECHECK_SECONDS", 5, minimum=1)
 
 # Large values moved out of checkpoints (checkpoints/storage/blobs.py): the filesystem under var/blobs,

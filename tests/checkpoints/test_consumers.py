@@ -388,3 +388,25 @@ async def test_a_threads_last_events_lost_on_the_way_arrive_from_the_table(appli
     assert [(event["seq"], event["data"]["label"]) for event in got] == [(3, ""), (4, "last")]
     assert await communicator.receive_nothing(timeout=0.5)  # caught up: no repeat at the next round
     await communicator.disconnect()
+
+
+async def test_a_closed_socket_leaves_nothing_in_its_servers_watches(application: Any) -> None:
+    """A server holds open sockets in its sign-in, tail and inbox watches: a socket that closes is
+    gone from them, so sockets that come and go leave nothing behind in a long-lived process."""
+    from approvals import consumers as inbox
+    from checkpoints import consumers, sockets
+
+    key = await sync_to_async(_principal)("key", agent="travel")  # a sign-in the sign-in watch follows
+    thread = await sync_to_async(_thread_with)(1)
+    opened = [await connect(application, path, key) for path in (f"/ws/threads/{thread.pk}/", "/ws/inbox/")]
+    for communicator in opened:
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from(timeout=5)  # the replay's first event, or the sync
+    watched = (sockets._current_watch().sockets, consumers._current_tail_watch().sockets,
+               inbox._current_inbox_watch().sockets)  # fmt: skip
+    assert [len(each) for each in watched] == [2, 1, 1]
+
+    for communicator in opened:
+        await communicator.disconnect()
+
+    assert [len(each) for each in watched] == [0, 0, 0]

@@ -377,7 +377,8 @@ def command_run(host: str, port: int) -> int:
 def serve(host: str, port: int, url: str, ready_lines: list[str]) -> int:
     """Run uvicorn as a child (its pid in var/run/server.pid for `dev.py stop`), print the closing box once
     it answers, and pass it the signals this process gets; its exit status is ours."""
-    env = {**os.environ, "QUICKSAVE_LOG_FILE": str(log_file())}
+    # Two malloc arenas, as the production image has them (deploy/Dockerfile).
+    env = {"MALLOC_ARENA_MAX": "2", **os.environ, "QUICKSAVE_LOG_FILE": str(log_file())}
     # A process group of its own: Ctrl-C reaches it once, from here (twice, uvicorn would not shut down cleanly).
     process = subprocess.Popen(
         [str(PYTHON), "-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port)],

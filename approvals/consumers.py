@@ -1,15 +1,28 @@
-"""Websocket for the inbox: the pending approvals on connect, then every request and decision live."""
+"""Websocket for the inbox: the pending approvals on connect, then every request and decision live.
+
+The channel layer can lose a message (a server's list over its capacity, Redis restarting), and the
+inbox mixes threads, so no gap in `seq` shows a lost event. The inbox watch does instead: every
+QUICKSAVE_LIVE_RECHECK_SECONDS, one query per server process reads the pending approvals, and a
+socket whose pending set differs from the table's gets a fresh `inbox.sync`.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import weakref
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.conf import settings
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from checkpoints import live, sockets
 from checkpoints.access import visible_threads
 from quicksave_agents.auth import AgentPrincipal
+
+log = logging.getLogger(__name__)
 
 
 def _pending(principal: Any) -> list[str]:
@@ -21,15 +34,36 @@ def _pending(principal: Any) -> list[str]:
     ]
 
 
+def _every_pending() -> list[tuple[str, str]]:
+    """Every pending approval, oldest first, with its thread's agent: (approval id, agent name)."""
+    rows = (
+        ApprovalRequest.objects.filter(status=ApprovalStatus.PENDING)
+        .order_by("created_at")
+        .values_list("pk", "thread__agent__name")
+    )
+    return [(str(pk), agent) for pk, agent in rows]
+
+
 def _sees_everything(principal: Any) -> bool:
     return bool(principal.has_perm("checkpoints.view_thread"))
 
 
 class InboxConsumer(sockets.EventConsumer):
     """`/ws/inbox/`: first an `inbox.sync` with the pending approval ids (a reconnecting client
-    reconciles with it), then `approval.requested` / `approval.decided` events as they commit."""
+    reconciles with it), then `approval.requested` / `approval.decided` events as they commit; a
+    later `inbox.sync` when the inbox watch finds an event lost on the way."""
 
     feed = "inbox"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.agent: str | None = None
+        # The pending approvals the client was told of, and the inbox events handled so far (the
+        # watch leaves a socket alone for a round in which one arrived: its query may predate it).
+        self.pending: set[str] = set()
+        self.handled = 0
+        # Requests a sync named whose own event may still be on its way: not sent a second time.
+        self.synced: set[str] = set()
 
     async def connect(self) -> None:
         if (user := await self.signed_in()) is None:
@@ -41,17 +75,83 @@ class InboxConsumer(sockets.EventConsumer):
         if not await self.join(live.INBOX_GROUP):
             return
         await self.accept()
-        pending = await database_sync_to_async(_pending)(user)
-        # A request that committed just before the sync may still be on its way through the
-        # channel layer; the sync already names it, so its event is not sent a second time.
-        self.synced = set(pending)
+        await self.sync(await database_sync_to_async(_pending)(user))
+        _current_inbox_watch().add(self)
+
+    async def disconnect(self, code: int) -> None:
+        _current_inbox_watch().discard(self)
+        await super().disconnect(code)
+
+    async def sync(self, pending: list[str]) -> None:
+        """Send the pending approval ids. A request that committed just before may still be on its
+        way through the channel layer; the sync already names it, so its event is not sent again."""
+        named = set(pending)
+        self.synced = (named - self.pending) | (self.synced & named)
+        self.pending = named
         await self.send_json({"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": pending}})
+
+    def sees(self, agent: str | None) -> bool:
+        """An agent key sees its own agent's approvals only."""
+        return self.agent is None or agent == self.agent
 
     async def live_event(self, message: dict[str, Any]) -> None:
         event = message["event"]
-        if self.agent is not None and event.get("agent") != self.agent:
-            return  # an agent key sees its own agent's approvals only
-        if event["type"] == "approval.requested" and event["data"].get("approval") in self.synced:
-            self.synced.discard(event["data"]["approval"])
+        if not self.sees(event.get("agent")):
             return
+        self.handled += 1
+        approval = event["data"].get("approval")
+        if event["type"] == "approval.requested" and approval in self.synced:
+            self.synced.discard(approval)
+            return
+        if event["type"] == "approval.requested" and event["data"].get("status") == ApprovalStatus.PENDING:
+            self.pending.add(approval)
+        elif event["type"] == "approval.decided":
+            self.pending.discard(approval)
         await self.send_json({key: event[key] for key in ("type", "seq", "thread", "data")})
+
+
+class _InboxWatch:
+    """The inbox sockets of one event loop, checked every QUICKSAVE_LIVE_RECHECK_SECONDS against the
+    pending approvals in one query; a socket told of others gets a fresh `inbox.sync`. Sockets are
+    held weakly: one whose task was cancelled (no disconnect) just disappears."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.sockets: weakref.WeakSet[InboxConsumer] = weakref.WeakSet()
+        self.task: asyncio.Task[None] | None = None
+
+    def add(self, consumer: InboxConsumer) -> None:
+        self.sockets.add(consumer)
+        if self.task is None or self.task.done():
+            self.task = self.loop.create_task(self._run())
+
+    def discard(self, consumer: InboxConsumer) -> None:
+        self.sockets.discard(consumer)
+
+    async def _run(self) -> None:
+        while self.sockets:  # ends with the last socket; the next one starts it again
+            await asyncio.sleep(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
+            handled = {consumer: consumer.handled for consumer in self.sockets}
+            try:
+                pending = await database_sync_to_async(_every_pending)()
+            except Exception:  # the database is down: the next round tries again
+                log.warning("could not check the open inbox sockets against the pending approvals", exc_info=True)
+                continue
+            for consumer, before in handled.items():
+                theirs = [approval for approval, agent in pending if consumer.sees(agent)]
+                # A socket that handled an event meanwhile may know more than the query: it waits a round.
+                if consumer.handled == before and not consumer.closed and set(theirs) != consumer.pending:
+                    with contextlib.suppress(OSError, RuntimeError):  # the client left meanwhile
+                        await consumer.sync(theirs)
+
+
+_inbox_watch: _InboxWatch | None = None
+
+
+def _current_inbox_watch() -> _InboxWatch:
+    """The watch of the running loop (a server has one; tests run a loop per test)."""
+    global _inbox_watch
+    loop = asyncio.get_running_loop()
+    if _inbox_watch is None or _inbox_watch.loop is not loop:
+        _inbox_watch = _InboxWatch(loop)
+    return _inbox_watch

@@ -179,8 +179,9 @@ else:
             "CONFIG": {"capacity": QUICKSAVE_CHANNEL_CAPACITY},
         }
     }
-# How often a thread's open sockets are checked against the thread's event counter (one query a
-# server process): a socket whose last events were lost on the way replays them from the table.
+# How often a thread's open sockets are checked against the thread's event counter, and inbox sockets
+# against the pending approvals (one query each a server process): a thread socket whose last events were
+# lost on the way replays them from the table, an inbox socket gets a fresh inbox.sync.
 QUICKSAVE_LIVE_RECHECK_SECONDS: float = envint("QUICKSAVE_LIVE_RECHECK_SECONDS", 5, minimum=1)
 
 # Large values moved out of checkpoints (checkpoints/storage/blobs.py): the filesystem under var/blobs,
@@ -285,7 +286,11 @@ QUICKSAVE_MAX_STATE_BYTES = envint("QUICKSAVE_MAX_STATE_BYTES", 16 * 1024 * 1024
 QUICKSAVE_MAX_DEPTH = envint("QUICKSAVE_MAX_DEPTH", 64, minimum=2)
 QUICKSAVE_MAX_METADATA_BYTES = envint("QUICKSAVE_MAX_METADATA_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_MAX_REQUEST_BYTES = envint("QUICKSAVE_MAX_REQUEST_BYTES", 32 * 1024 * 1024, minimum=1024)
-QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 128 * 1024 * 1024, minimum=0)
+# Each process's cache of materialised states (checkpoints/storage/nodes.py), counted as the states'
+# canonical JSON plus 1 KiB a state. A writing process mostly adds heads no one reads again: at 128 MiB a
+# 20-minute soak of bench/load.py was still filling it (+67 MiB a server process); 32 MiB holds the heads
+# of thousands of active threads.
+QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 32 * 1024 * 1024, minimum=0)
 # `manage.py prune` compacts only threads idle this long (see checkpoints/compaction.py).
 QUICKSAVE_COMPACT_IDLE_HOURS = envint("QUICKSAVE_COMPACT_IDLE_HOURS", 24, minimum=0)
 QUICKSAVE_INTEGRITY_KEY = envstr("QUICKSAVE_INTEGRITY_KEY") or SECRET_KEY

@@ -17,7 +17,8 @@ from bench import load
 from checkpoints.models import Checkpoint
 from tests.processes import ROOT, RedisServer, database_url, server_environment
 
-KEYS = {"load_cps_1", "load_cps_2", "load_cps_4", "load_p99_ms_2", "load_errors", "ws_lost", "soak_rss_growth"}
+KEYS = {"load_cps_1", "load_cps_2", "load_cps_4", "load_p99_ms_2", "load_errors", "ws_lost", "soak_rss_growth",
+        "soak_rss_growth_second_half"}  # fmt: skip
 
 
 @pytest.mark.django_db(transaction=True)
@@ -80,3 +81,18 @@ def test_gaps_repeats_steps_back_and_events_that_never_came_count_as_lost() -> N
 
     assert (watcher.phase.ws_gaps, watcher.phase.ws_disorder, watcher.missing()) == (1, 2, 2)
     assert not watcher.caught_up.is_set()
+
+
+def test_memory_that_fills_a_bound_then_holds_grows_over_the_soak_but_not_over_its_second_half() -> None:
+    phase = load.Phase("soak", [0], 1.0)
+    phase.rss = {"server :1": [100, 120, 130, 130, 130], "worker 1": [200, 201, 202, 202, 202]}
+
+    assert load.rss_growth(phase) == pytest.approx(0.3)
+    assert load.rss_growth(phase, second_half=True) == 0
+
+
+def test_memory_that_keeps_growing_grows_over_the_second_half_too() -> None:
+    phase = load.Phase("soak", [0], 1.0)
+    phase.rss = {"server :1": [100, 110, 120, 130, 140]}
+
+    assert load.rss_growth(phase, second_half=True) == pytest.approx(140 / 120 - 1)

@@ -3,16 +3,20 @@ request threads, and never holding what a rolled-back transaction wrote."""
 
 from __future__ import annotations
 
+import gc
 import threading
+import tracemalloc
 import uuid
+from typing import Any
 
 import pytest
 from django.db import transaction
 
-from checkpoints import storage
+from checkpoints import live, storage
 from checkpoints.models import Branch
 from checkpoints.storage import branches
 from checkpoints.storage.lru import LRU
+from checkpoints.storage.nodes import states
 from quicksave_agents.models import Agent
 
 
@@ -138,3 +142,29 @@ def test_a_committed_write_is_served_from_the_cache(agent: Agent) -> None:
         assert storage.load_node(written.pk) is not None
     node = storage.load_node(written.pk)
     assert storage.load_node(written.pk) is node  # kept once committed
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_state_cache_holds_no_more_memory_than_its_budget_however_small_the_states(
+    agent: Agent, settings: Any
+) -> None:
+    # Weighed by their states alone, 300 states of 8 bytes "weighed" 2 KiB and held some 200 KiB.
+    settings.QUICKSAVE_STATE_CACHE_BYTES = budget = 64 * 1024
+    thread = storage.create_thread(agent=agent)[0]
+    tracemalloc.start()
+    try:
+        head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+        for n in range(1, 300):
+            head = storage.append_checkpoint(thread=thread, parent=head,
+                                             patch=[{"op": "replace", "path": "/n", "value": n}])  # fmt: skip
+        live.flush()  # the publisher thread is done with the events: what is freed below is the cache's
+        gc.collect()
+        filled = tracemalloc.get_traced_memory()[0]
+        cached = len(states)
+        states.clear()
+        gc.collect()
+        held = filled - tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert cached > 1
+    assert held <= budget

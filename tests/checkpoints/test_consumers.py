@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -19,6 +19,8 @@ from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_creat
 from tests.conftest import handshake
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
+
+T = TypeVar("T")
 
 
 @pytest.fixture(autouse=True)
@@ -81,6 +83,16 @@ def _principal(who: str, *, agent: str) -> Any:
     return AgentPrincipal(key)
 
 
+async def _unpublished(write: Callable[[], T]) -> T:
+    """`write` commits, but none of its events reach the channel layer (lost on the way)."""
+    sent = live._publisher.send
+    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
+    try:
+        return await sync_to_async(write)()
+    finally:
+        live._publisher.send = sent  # type: ignore[method-assign]
+
+
 async def _write_two_unpublished(thread: Any, *, last_label: str = "") -> None:
     """Two checkpoints commit on `thread` whose events never reach the channel layer (lost on the way)."""
 
@@ -89,12 +101,7 @@ async def _write_two_unpublished(thread: Any, *, last_label: str = "") -> None:
         first = storage.append_checkpoint(thread=thread, parent=head, state={"i": 1})
         storage.append_checkpoint(thread=thread, parent=first, state={"i": 2}, label=last_label)
 
-    sent = live._publisher.send
-    live._publisher.send = lambda group, payload, **_: None  # type: ignore[method-assign]
-    try:
-        await sync_to_async(write_two)()
-    finally:
-        live._publisher.send = sent  # type: ignore[method-assign]
+    await _unpublished(write_two)
 
 
 async def connect(application: Any, path: str, user: Any) -> WebsocketCommunicator:
@@ -257,6 +264,33 @@ async def test_the_inbox_does_not_repeat_a_request_its_sync_already_named(applic
     await communicator.disconnect()
 
 
+async def test_the_inboxs_last_events_lost_on_the_way_arrive_as_a_fresh_sync(application: Any, settings: Any) -> None:
+    """The inbox mixes threads, so no gap in seq shows a lost event: the inbox watch finds the
+    table's pending approvals other than those the socket told of and syncs the socket again, once."""
+    from approvals.services import decide
+
+    settings.QUICKSAVE_LIVE_RECHECK_SECONDS = 0.2
+    viewer = await sync_to_async(_viewer)()
+    communicator = await connect(application, "/ws/inbox/", viewer)
+    assert (await communicator.connect())[0]
+    assert (await communicator.receive_json_from(timeout=5))["data"]["pending"] == []
+
+    requested = await _unpublished(_suspended)
+    sync = await communicator.receive_json_from(timeout=5)
+    assert sync == {"type": "inbox.sync", "seq": 0, "thread": None, "data": {"pending": [str(requested.pk)]}}
+    assert await communicator.receive_nothing(timeout=0.5)  # in step again: no repeat at the next rounds
+
+    def decide_it() -> None:
+        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        grant_role(user=reviewer, role="reviewer")
+        decide(approval=requested, user=User.objects.get(pk=reviewer.pk), decision="approve")
+
+    await _unpublished(decide_it)
+    assert (await communicator.receive_json_from(timeout=5))["data"] == {"pending": []}
+    assert await communicator.receive_nothing(timeout=0.5)
+    await communicator.disconnect()
+
+
 @pytest.mark.parametrize("path", ["/ws/threads/not-a-uuid/", "/ws/nothing/", "/ws/threads/list/"])
 async def test_a_path_that_is_no_socket_of_ours_is_refused_with_4404(application: Any, path: str) -> None:
     viewer = await sync_to_async(_viewer)()
@@ -354,3 +388,25 @@ async def test_a_threads_last_events_lost_on_the_way_arrive_from_the_table(appli
     assert [(event["seq"], event["data"]["label"]) for event in got] == [(3, ""), (4, "last")]
     assert await communicator.receive_nothing(timeout=0.5)  # caught up: no repeat at the next round
     await communicator.disconnect()
+
+
+async def test_a_closed_socket_leaves_nothing_in_its_servers_watches(application: Any) -> None:
+    """A server holds open sockets in its sign-in, tail and inbox watches: a socket that closes is
+    gone from them, so sockets that come and go leave nothing behind in a long-lived process."""
+    from approvals import consumers as inbox
+    from checkpoints import consumers, sockets
+
+    key = await sync_to_async(_principal)("key", agent="travel")  # a sign-in the sign-in watch follows
+    thread = await sync_to_async(_thread_with)(1)
+    opened = [await connect(application, path, key) for path in (f"/ws/threads/{thread.pk}/", "/ws/inbox/")]
+    for communicator in opened:
+        assert (await communicator.connect())[0]
+        await communicator.receive_json_from(timeout=5)  # the replay's first event, or the sync
+    watched = (sockets._current_watch().sockets, consumers._current_tail_watch().sockets,
+               inbox._current_inbox_watch().sockets)  # fmt: skip
+    assert [len(each) for each in watched] == [2, 1, 1]
+
+    for communicator in opened:
+        await communicator.disconnect()
+
+    assert [len(each) for each in watched] == [0, 0, 0]

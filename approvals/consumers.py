@@ -8,10 +8,8 @@ socket whose pending set differs from the table's gets a fresh `inbox.sync`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
-import weakref
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -76,10 +74,10 @@ class InboxConsumer(sockets.EventConsumer):
             return
         await self.accept()
         await self.sync(await database_sync_to_async(_pending)(user))
-        _current_inbox_watch().add(self)
+        _InboxWatch.current().add(self, None)
 
     async def disconnect(self, code: int) -> None:
-        _current_inbox_watch().discard(self)
+        _InboxWatch.current().discard(self)
         await super().disconnect(code)
 
     async def sync(self, pending: list[str]) -> None:
@@ -110,48 +108,23 @@ class InboxConsumer(sockets.EventConsumer):
         await self.send_json({key: event[key] for key in ("type", "seq", "thread", "data")})
 
 
-class _InboxWatch:
-    """The inbox sockets of one event loop, checked every QUICKSAVE_LIVE_RECHECK_SECONDS against the
-    pending approvals in one query; a socket told of others gets a fresh `inbox.sync`. Sockets are
-    held weakly: one whose task was cancelled (no disconnect) just disappears."""
+class _InboxWatch(sockets.Watch[InboxConsumer, None]):
+    """Inbox sockets, checked against the pending approvals in one query: a socket told of others
+    gets a fresh `inbox.sync`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.sockets: weakref.WeakSet[InboxConsumer] = weakref.WeakSet()
-        self.task: asyncio.Task[None] | None = None
+    def interval(self) -> float:
+        return float(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
 
-    def add(self, consumer: InboxConsumer) -> None:
-        self.sockets.add(consumer)
-        if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._run())
-
-    def discard(self, consumer: InboxConsumer) -> None:
-        self.sockets.discard(consumer)
-
-    async def _run(self) -> None:
-        while self.sockets:  # ends with the last socket; the next one starts it again
-            await asyncio.sleep(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
-            handled = {consumer: consumer.handled for consumer in self.sockets}
-            try:
-                pending = await database_sync_to_async(_every_pending)()
-            except Exception:  # the database is down: the next round tries again
-                log.warning("could not check the open inbox sockets against the pending approvals", exc_info=True)
-                continue
-            for consumer, before in handled.items():
-                theirs = [approval for approval, agent in pending if consumer.sees(agent)]
-                # A socket that handled an event meanwhile may know more than the query: it waits a round.
-                if consumer.handled == before and not consumer.closed and set(theirs) != consumer.pending:
-                    with contextlib.suppress(OSError, RuntimeError):  # the client left meanwhile
-                        await consumer.sync(theirs)
-
-
-_inbox_watch: _InboxWatch | None = None
-
-
-def _current_inbox_watch() -> _InboxWatch:
-    """The watch of the running loop (a server has one; tests run a loop per test)."""
-    global _inbox_watch
-    loop = asyncio.get_running_loop()
-    if _inbox_watch is None or _inbox_watch.loop is not loop:
-        _inbox_watch = _InboxWatch(loop)
-    return _inbox_watch
+    async def check(self, watched: dict[InboxConsumer, None]) -> None:
+        handled = {consumer: consumer.handled for consumer in watched}
+        try:
+            pending = await database_sync_to_async(_every_pending)()
+        except Exception:  # the database is down: the next round tries again
+            log.warning("could not check the open inbox sockets against the pending approvals", exc_info=True)
+            return
+        for consumer, before in handled.items():
+            theirs = [approval for approval, agent in pending if consumer.sees(agent)]
+            # A socket that handled an event meanwhile may know more than the query: it waits a round.
+            if consumer.handled == before and not consumer.closed and set(theirs) != consumer.pending:
+                with contextlib.suppress(OSError, RuntimeError):  # the client left meanwhile
+                    await consumer.sync(theirs)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -71,10 +70,10 @@ class ThreadConsumer(sockets.OrderedFeed):
             return
         await self.accept()
         await self.replay()
-        _current_tail_watch().add(self)
+        _TailWatch.current().add(self, None)
 
     async def disconnect(self, code: int) -> None:
-        _current_tail_watch().discard(self)
+        _TailWatch.current().discard(self)
         await super().disconnect(code)
 
     async def events_after(self, seq: int, limit: int) -> list[dict[str, Any]]:
@@ -85,47 +84,21 @@ def _latest_event_seqs(thread_ids: set[str]) -> dict[str, int]:
     return {str(pk): seq for pk, seq in Thread.objects.filter(pk__in=thread_ids).values_list("pk", "event_seq")}
 
 
-class _TailWatch:
-    """The thread sockets of one event loop, checked every QUICKSAVE_LIVE_RECHECK_SECONDS against
-    their threads' event counters in one query; a socket the counter has passed catches up.
-    Sockets are held weakly: one whose task was cancelled (no disconnect) just disappears."""
+class _TailWatch(sockets.Watch[ThreadConsumer, None]):
+    """Thread sockets, checked against their threads' event counters in one query: a socket the
+    counter has passed catches up."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self.sockets: weakref.WeakSet[ThreadConsumer] = weakref.WeakSet()
-        self.task: asyncio.Task[None] | None = None
+    def interval(self) -> float:
+        return float(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
 
-    def add(self, consumer: ThreadConsumer) -> None:
-        self.sockets.add(consumer)
-        if self.task is None or self.task.done():
-            self.task = self.loop.create_task(self._run())
-
-    def discard(self, consumer: ThreadConsumer) -> None:
-        self.sockets.discard(consumer)
-
-    async def _run(self) -> None:
-        while self.sockets:  # ends with the last socket; the next one starts it again
-            await asyncio.sleep(settings.QUICKSAVE_LIVE_RECHECK_SECONDS)
-            watched = list(self.sockets)
-            try:
-                latest = await database_sync_to_async(_latest_event_seqs)({c.thread_id for c in watched})
-            except Exception:  # the database is down: the next round tries again
-                log.warning("could not check the open thread sockets against their threads", exc_info=True)
-                continue
-            behind = [c for c in watched if latest.get(c.thread_id, 0) > c.last_seq]
-            await asyncio.gather(*(c.catch_up(latest[c.thread_id]) for c in behind), return_exceptions=True)
-
-
-_tail_watch: _TailWatch | None = None
-
-
-def _current_tail_watch() -> _TailWatch:
-    """The watch of the running loop (a server has one; tests run a loop per test)."""
-    global _tail_watch
-    loop = asyncio.get_running_loop()
-    if _tail_watch is None or _tail_watch.loop is not loop:
-        _tail_watch = _TailWatch(loop)
-    return _tail_watch
+    async def check(self, watched: dict[ThreadConsumer, None]) -> None:
+        try:
+            latest = await database_sync_to_async(_latest_event_seqs)({c.thread_id for c in watched})
+        except Exception:  # the database is down: the next round tries again
+            log.warning("could not check the open thread sockets against their threads", exc_info=True)
+            return
+        behind = [c for c in watched if latest.get(c.thread_id, 0) > c.last_seq]
+        await asyncio.gather(*(c.catch_up(latest[c.thread_id]) for c in behind), return_exceptions=True)
 
 
 def _sees_every_thread(principal: Any) -> bool:

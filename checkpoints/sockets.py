@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import weakref
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import import_module
-from typing import Any
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import redis
 from channels.db import database_sync_to_async
@@ -45,6 +46,10 @@ LAYER_TIMEOUT_SECONDS = 5.0
 # What the ASGI server raises on a send to a client that has left (uvicorn: ClientDisconnected, an
 # OSError, or a RuntimeError for a close after the disconnect).
 _CLIENT_GONE = (OSError, RuntimeError)
+
+# A watch's sockets and the note it keeps of each (Watch).
+WatchedT = TypeVar("WatchedT")
+NoteT = TypeVar("NoteT")
 
 # The largest frame a client may send (a ping is a few dozen bytes).
 MAX_CLIENT_FRAME = 4096
@@ -117,48 +122,69 @@ _recheck_outage = Outage(
 )
 
 
-class _SignInWatch:
-    """The open sockets of one event loop, by the sign-in each needs, all checked again every
-    RECHECK_SECONDS in one database round (a query per socket per second would not scale)."""
+class Watch(Generic[WatchedT, NoteT]):
+    """The open sockets of one event loop that need the same check, made for all of them at once
+    every `interval()` seconds (one database round, where a query per socket would not scale).
+
+    Its task runs while a socket is watched and ends with the last one; the next starts it again.
+    Sockets are held weakly, each with a note of what its check needs: one whose task was cancelled
+    (no disconnect) just disappears. A subclass says what a round does (`check`); `current()` is
+    its one watch on the running loop (a server has one loop; tests run one per test).
+    """
+
+    _current: ClassVar[dict[type[Watch[Any, Any]], Watch[Any, Any]]] = {}
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.sockets: dict[EventConsumer, SignIn] = {}
+        self.sockets: weakref.WeakKeyDictionary[WatchedT, NoteT] = weakref.WeakKeyDictionary()
         self.task: asyncio.Task[None] | None = None
 
-    def add(self, consumer: EventConsumer, sign_in: SignIn) -> None:
-        self.sockets[consumer] = sign_in
+    @classmethod
+    def current(cls) -> Self:
+        loop = asyncio.get_running_loop()
+        watch = Watch._current.get(cls)
+        if not isinstance(watch, cls) or watch.loop is not loop:
+            watch = Watch._current[cls] = cls(loop)
+        return watch
+
+    def add(self, consumer: WatchedT, note: NoteT) -> None:
+        self.sockets[consumer] = note
         if self.task is None or self.task.done():
             self.task = self.loop.create_task(self._run())
 
-    def discard(self, consumer: EventConsumer) -> None:
+    def discard(self, consumer: WatchedT) -> None:
         self.sockets.pop(consumer, None)
 
+    def interval(self) -> float:
+        raise NotImplementedError
+
+    async def check(self, watched: dict[WatchedT, NoteT]) -> None:
+        """One round over the sockets watched when it began (with their notes)."""
+        raise NotImplementedError
+
     async def _run(self) -> None:
-        while self.sockets:  # ends with the last socket; the next one starts it again
-            await asyncio.sleep(RECHECK_SECONDS)
-            watched = dict(self.sockets)
-            try:
-                ended = await database_sync_to_async(ended_sign_ins)(set(watched.values()))
-            except Exception as error:  # the database is down: keep watching, and say so once
-                _recheck_outage.began(error)
-                continue
-            _recheck_outage.ended()
-            for consumer, sign_in in watched.items():
-                if sign_in in ended:
-                    await consumer.sign_in_ended()
+        while self.sockets:
+            await asyncio.sleep(self.interval())
+            if watched := dict(self.sockets):
+                await self.check(watched)
 
 
-_watch: _SignInWatch | None = None
+class _SignInWatch(Watch["EventConsumer", SignIn]):
+    """Open sockets by the sign-in each needs: a socket whose sign-in no longer holds is closed."""
 
+    def interval(self) -> float:
+        return RECHECK_SECONDS
 
-def _current_watch() -> _SignInWatch:
-    """The watch of the running loop (a server has one; tests run a loop per test)."""
-    global _watch
-    loop = asyncio.get_running_loop()
-    if _watch is None or _watch.loop is not loop:
-        _watch = _SignInWatch(loop)
-    return _watch
+    async def check(self, watched: dict[EventConsumer, SignIn]) -> None:
+        try:
+            ended = await database_sync_to_async(ended_sign_ins)(set(watched.values()))
+        except Exception as error:  # the database is down: keep watching, and say so once
+            _recheck_outage.began(error)
+            return
+        _recheck_outage.ended()
+        for consumer, sign_in in watched.items():
+            if sign_in in ended:
+                await consumer.sign_in_ended()
 
 
 class EventConsumer(AsyncJsonWebsocketConsumer):
@@ -238,7 +264,7 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             self._counted = True
             metrics.websocket_connections.labels(feed=self.feed).inc()
         if sign_in is not None:
-            self._watch = _current_watch()
+            self._watch = _SignInWatch.current()
             self._watch.add(self, sign_in)
         return True
 

@@ -402,8 +402,8 @@ async def test_a_closed_socket_leaves_nothing_in_its_servers_watches(application
     for communicator in opened:
         assert (await communicator.connect())[0]
         await communicator.receive_json_from(timeout=5)  # the replay's first event, or the sync
-    watched = (sockets._current_watch().sockets, consumers._current_tail_watch().sockets,
-               inbox._current_inbox_watch().sockets)  # fmt: skip
+    watched = (sockets._SignInWatch.current().sockets, consumers._TailWatch.current().sockets,
+               inbox._InboxWatch.current().sockets)  # fmt: skip
     assert [len(each) for each in watched] == [2, 1, 1]
 
     for communicator in opened:

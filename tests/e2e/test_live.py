@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
 from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
@@ -153,12 +154,13 @@ def test_an_approval_page_asks_before_a_high_risk_approval_and_shows_a_decision_
     approval.refresh_from_db()
     assert approval.status == ApprovalStatus.PENDING
 
-    # While the arguments are being edited, the plain Approve would drop the edit: it waits.
+    # While the arguments are being edited, the plain Approve would drop the edit: it waits. (A
+    # details element reports its toggle in a task of its own, after the click returns: awaited.)
     page.page.click("#edit-approve summary")
-    assert page.page.locator("#approve").is_disabled()
-    assert page.page.locator("#approve-hint").is_visible()
+    expect(page.page.locator("#approve")).to_be_disabled()
+    expect(page.page.locator("#approve-hint")).to_be_visible()
     page.page.click("#edit-approve summary")
-    assert page.page.locator("#approve").is_enabled()
+    expect(page.page.locator("#approve")).to_be_enabled()
 
     # Ravi decides elsewhere: Rita's page shows it without a reload, and no form is left to conflict.
     decide(approval=approval, user=ravi, decision="reject", comment="too dear")

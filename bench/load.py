@@ -782,10 +782,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_django(url, redis_url)
     if args.database_url is None:
         migrate()
+    env = {name: value for name, value in os.environ.items() if name != "DJANGO_ALLOW_ASYNC_UNSAFE"}
     # Two malloc arenas, as the production image has them (deploy/Dockerfile); MALLOC_ARENA_MAX=0 in
     # the bench's environment gives its processes glibc's default.
-    env = {"MALLOC_ARENA_MAX": "2", **{name: value for name, value in os.environ.items()
-                                        if name != "DJANGO_ALLOW_ASYNC_UNSAFE"}}  # fmt: skip
+    env.setdefault("MALLOC_ARENA_MAX", "2")
     env.update({"DATABASE_URL": url, "REDIS_URL": redis_url, "QUICKSAVE_EMBEDDED_WORKER": "false",
                 "DJANGO_SETTINGS_MODULE": "quicksave.settings", "LOG_LEVEL": "WARNING"})  # fmt: skip
     keys, people = create_principals(args.agents, args.reviewers, time.strftime("%Y-%m-%dT%H:%M:%S"))

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import weakref
+from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass
 from importlib import import_module
@@ -122,7 +123,7 @@ _recheck_outage = Outage(
 )
 
 
-class Watch(Generic[WatchedT, NoteT]):
+class Watch(ABC, Generic[WatchedT, NoteT]):
     """The open sockets of one event loop that need the same check, made for all of them at once
     every `interval()` seconds (one database round, where a query per socket would not scale).
 
@@ -155,12 +156,13 @@ class Watch(Generic[WatchedT, NoteT]):
     def discard(self, consumer: WatchedT) -> None:
         self.sockets.pop(consumer, None)
 
+    @abstractmethod
     def interval(self) -> float:
-        raise NotImplementedError
+        """Seconds between rounds."""
 
+    @abstractmethod
     async def check(self, watched: dict[WatchedT, NoteT]) -> None:
         """One round over the sockets watched when it began (with their notes)."""
-        raise NotImplementedError
 
     async def _run(self) -> None:
         while self.sockets:

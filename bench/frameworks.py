@@ -6,7 +6,8 @@ Usage (from the repository root)::
     .venv/bin/python bench/frameworks.py --turns 300 --long-events 0
 
 Two frameworks, one after the other; the OpenAI Agents SDK half (QuicksaveSession against the
-SDK's SQLAlchemySession) is bench/frameworks_openai.py's `run_openai`, described there.
+SDK's SQLAlchemySession) is bench/frameworks_openai.py's `run_openai`, described there (its bytes
+are those added after the first turn, on both sides; this half's are whole tables).
 
 Google ADK: the same ADK `Runner` and
 `LlmAgent` on a scripted model (integrations.adk.demo.ScriptedLlm, no network) play `--turns`

@@ -14,15 +14,23 @@ answer (two `add_items`). Both sessions live in one database of one PostgreSQL s
 `quicksave_bench_frameworks` (the one bench/frameworks.py's other half uses), with the peer on
 `postgresql+asyncpg` as the SDK documents.
 
-Measures: turns per second (wall clock over all turns); bytes per turn (`pg_total_relation_size`,
-heap + TOAST + indexes, of each side's tables after the run: Quicksave's bench.quicksave_runs.TABLES,
-truncated before; the SDK's agent_sessions and agent_messages, dropped before; Quicksave's thread
-row, rewritten by every write, leaves dead versions whose pages depend on the run's length and
-the server's other sessions, some 0 to 130 bytes a turn here); and the median
-latest-items read, `get_items(limit=10)` at the end, the two sessions' calls taking turns so that
-load from elsewhere on the machine falls on both alike. `run_openai(turns)` returns the
-`openai_*` keys of the issue (after a `[bytes]` line per table: its heap, TOAST and indexes per
-turn); the very last line printed here is that JSON object.
+Measures: turns per second (wall clock over all turns); bytes per turn, the bytes each side's
+tables grew by from the end of the first turn to the end of the run, over the turns after the
+first (`pg_total_relation_size`, heap + TOAST + indexes: Quicksave's bench.quicksave_runs.TABLES,
+truncated before; the SDK's agent_sessions and agent_messages, dropped before), read the same way
+for both outside the clock. The first turn is where each side makes its conversation (the SDK's
+session row, Quicksave's thread, branch, key and first checkpoint) and each table's first pages
+(a heap page, an index's metapage and root: 8 to 16 KiB a table whatever it holds), fixed costs
+that a deployment pays once per table or per conversation and that would otherwise be counted as
+if every turn paid a share of them: Quicksave's seven tables against the SDK's two. Pages a table
+adds later (free-space and visibility maps, TOAST and its index, the thread row's dead versions,
+which depend on the run's length and the server's other sessions: some 0 to 250 bytes a turn
+here) count for both. A `[bytes]` line per table gives its heap, TOAST and indexes per turn so
+counted, and its whole size per turn (first turn included) beside it, and a last `[bytes] whole`
+line both sides' whole sizes per turn, what this bench reported before 2026-11-26 (evening).
+And the median latest-items read, `get_items(limit=10)` at the end, the two sessions' calls
+taking turns so that load from elsewhere on the machine falls on both alike. `run_openai(turns)`
+returns the `openai_*` keys of the issue; the very last line printed here is that JSON object.
 """
 
 from __future__ import annotations
@@ -52,6 +60,8 @@ WINDOW = 20
 RECENT = 10
 READ_REPEATS = 41
 PEER_TABLES = ("agent_messages", "agent_sessions")
+# Per table: heap (with its free-space and visibility maps), TOAST (with its index), indexes.
+Parts = dict[str, tuple[int, int, int]]
 
 
 def scripted_agent(texts: Sequence[str]) -> Any:
@@ -68,15 +78,21 @@ def scripted_agent(texts: Sequence[str]) -> Any:
     return Agent(name="bench", instructions="Answer.", model=model)
 
 
-async def play(session: Any, texts: Sequence[str]) -> float:
-    """Play one turn per text through `Runner.run` on `session`; returns the seconds taken."""
+async def play(session: Any, texts: Sequence[str], tables: Sequence[str]) -> tuple[float, Parts]:
+    """Play one turn per text through `Runner.run` on `session`; returns the seconds taken and the
+    parts of `tables` after the first turn (read outside the clock)."""
     from agents import RunConfig, Runner
 
     agent, config = scripted_agent(texts), RunConfig(tracing_disabled=True)
-    started = time.perf_counter()
-    for turn in range(len(texts)):
-        await Runner.run(agent, f"turn {turn}", session=session, run_config=config)
-    return time.perf_counter() - started
+    seconds = 0.0
+    first: Parts = {}
+    for turns in (range(1), range(1, len(texts))):
+        started = time.perf_counter()
+        for turn in turns:
+            await Runner.run(agent, f"turn {turn}", session=session, run_config=config)
+        seconds += time.perf_counter() - started
+        first = first or table_parts(tables)
+    return seconds, first
 
 
 async def check(session: Any, turns: int) -> None:
@@ -86,9 +102,10 @@ async def check(session: Any, turns: int) -> None:
     assert await session.get_items(limit=RECENT) == everything[-RECENT:]
 
 
-def breakdown(name: str, tables: Sequence[str], turns: int) -> None:
-    """Print each table's share of a side's bytes per turn: heap (with its free-space and visibility
-    maps), TOAST (with its index) and indexes, which pg_total_relation_size adds up."""
+def table_parts(tables: Sequence[str]) -> Parts:
+    """Each table's heap (with its free-space and visibility maps), TOAST (with its index) and
+    indexes, in bytes, which pg_total_relation_size adds up."""
+    parts = {}
     with psycopg.connect(conninfo(), autocommit=True) as conn:
         for table in tables:
             row = conn.execute(
@@ -97,9 +114,21 @@ def breakdown(name: str, tables: Sequence[str], turns: int) -> None:
                 (table,),
             ).fetchone()
             assert row is not None
-            total, toast, indexes = (value / turns for value in row)
-            print(f"[bytes] {name} {table}: {total:.0f}/turn (heap {total - toast - indexes:.0f}, "
-                  f"TOAST {toast:.0f}, indexes {indexes:.0f})")  # fmt: skip
+            total, toast, indexes = row
+            parts[table] = (total - toast - indexes, toast, indexes)
+    return parts
+
+
+def breakdown(name: str, first: Parts, turns: int) -> float:
+    """Print each table's bytes per turn after the first turn (its heap, TOAST and indexes), and in
+    brackets its whole size per turn (the first turn's bytes included); returns their sum."""
+    total = 0.0
+    for table, (heap, toast, indexes) in table_parts(list(first)).items():
+        added = [(now - then) / (turns - 1) for now, then in zip((heap, toast, indexes), first[table], strict=True)]
+        print(f"[bytes] {name} {table}: {sum(added):.0f}/turn (heap {added[0]:.0f}, TOAST {added[1]:.0f}, "
+              f"indexes {added[2]:.0f}) [whole {(heap + toast + indexes) / turns:.0f}/turn]")  # fmt: skip
+        total += sum(added)
+    return total
 
 
 def peer_url() -> str:
@@ -115,6 +144,8 @@ def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
     from checkpoints import storage
     from integrations.openai_agents.session import QuicksaveSession
 
+    if turns < 2:
+        raise ValueError("bytes are counted after the first turn: play at least two")
     rng = random.Random(seed)
     texts = [english_text(rng) for _ in range(turns)]
     settings = SessionSettings(limit=WINDOW)
@@ -129,17 +160,20 @@ def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
         peer = SQLAlchemySession.from_url("bench-peer", url=peer_url(), create_tables=True, session_settings=settings)
         await peer.get_items()  # creates its tables before the clock starts
         settle()
-        peer_seconds = await play(peer, texts)
+        peer_seconds, peer_first = await play(peer, texts, PEER_TABLES)
         await check(peer, turns)
-        peer_bytes = table_bytes(PEER_TABLES)
-        breakdown("SQLAlchemySession", PEER_TABLES, turns)
+        peer_whole = table_bytes(PEER_TABLES)
+        peer_bytes = breakdown("SQLAlchemySession", peer_first, turns)
 
         settle()
         quicksave = QuicksaveSession("bench-quicksave", agent="bench-openai", session_settings=settings)
-        seconds = await play(quicksave, texts)
+        seconds, first = await play(quicksave, texts, TABLES)
         await check(quicksave, turns)
-        quicksave_bytes = table_bytes(TABLES)
-        breakdown("QuicksaveSession", TABLES, turns)
+        whole = table_bytes(TABLES)
+        quicksave_bytes = breakdown("QuicksaveSession", first, turns)
+        print(
+            f"[bytes] whole: QuicksaveSession {whole / turns:.0f}/turn, SQLAlchemySession {peer_whole / turns:.0f}/turn"
+        )
 
         # A reader that did not write (a dashboard, another worker): a new session object each.
         reader = QuicksaveSession("bench-quicksave", agent="bench-openai")
@@ -153,8 +187,8 @@ def run_openai(turns: int, *, seed: int = 7) -> dict[str, float]:
         return {
             "openai_quicksave_tps": round(turns / seconds, 1),
             "openai_sqlalchemy_tps": round(turns / peer_seconds, 1),
-            "openai_quicksave_bytes": round(quicksave_bytes / turns),
-            "openai_sqlalchemy_bytes": round(peer_bytes / turns),
+            "openai_quicksave_bytes": round(quicksave_bytes),
+            "openai_sqlalchemy_bytes": round(peer_bytes),
             "openai_read_ms": round(statistics.median(times["quicksave"]), 3),
             "openai_peer_read_ms": round(statistics.median(times["peer"]), 3),
         }

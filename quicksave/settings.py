@@ -287,9 +287,10 @@ QUICKSAVE_MAX_DEPTH = envint("QUICKSAVE_MAX_DEPTH", 64, minimum=2)
 QUICKSAVE_MAX_METADATA_BYTES = envint("QUICKSAVE_MAX_METADATA_BYTES", 256 * 1024, minimum=1024)
 QUICKSAVE_MAX_REQUEST_BYTES = envint("QUICKSAVE_MAX_REQUEST_BYTES", 32 * 1024 * 1024, minimum=1024)
 # Each process's cache of materialised states (checkpoints/storage/nodes.py), counted as the states'
-# canonical JSON plus 1 KiB a state. A writing process mostly adds heads no one reads again: at 128 MiB a
-# 20-minute soak of bench/load.py was still filling it (+67 MiB a server process); 32 MiB holds the heads
-# of thousands of active threads.
+# canonical JSON plus 1 KiB a state. An append's state takes its parent's place there, so writes keep one
+# state a thread (its head) and the rest is what readers read; 32 MiB holds the heads of thousands of
+# active threads. (When every append added a state, a 20-minute soak of bench/load.py was still filling
+# it at 128 MiB: +67 MiB a server process.)
 QUICKSAVE_STATE_CACHE_BYTES = envint("QUICKSAVE_STATE_CACHE_BYTES", 32 * 1024 * 1024, minimum=0)
 # `manage.py prune` compacts only threads idle this long (see checkpoints/compaction.py).
 QUICKSAVE_COMPACT_IDLE_HOURS = envint("QUICKSAVE_COMPACT_IDLE_HOURS", 24, minimum=0)

@@ -16,7 +16,9 @@ add a whole state each.
 
 States already materialised are kept in a per-process cache keyed by checkpoint
 id. Checkpoints are immutable, so the cache never goes stale; it only saves the
-replay of deltas. A writer still learns the branch head from the database.
+replay of deltas. A writer still learns the branch head from the database. An append
+puts its new state there in place of its parent's (same branch): the next append needs
+only the head, and an older state is replayed, and kept, when someone reads it.
 """
 
 from __future__ import annotations
@@ -187,11 +189,14 @@ def append_checkpoint(
         with transaction.atomic() if tool_results else contextlib.nullcontext():
             if not _append(params):
                 raise _refused(params, branch_name=branch_name, fence=fence)
+            # The new head takes its parent's place when both are on one branch: appends need only
+            # a branch's head, and a writing process would otherwise keep every state it wrote.
             states.remember(
                 checkpoint_id,
                 Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
                      state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
                      integrity=integrity),
+                replacing=parent_id if same_branch else None,
             )  # fmt: skip
             params["metadata"] = fields["metadata"]
             checkpoint = Checkpoint.from_db(DEFAULT_DB_ALIAS, _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])

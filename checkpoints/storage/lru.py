@@ -50,34 +50,40 @@ class LRU(Generic[K, V]):
         with self._lock:
             return len(self._entries)
 
-    def put(self, key: K, value: V) -> None:
-        """Keep `value` now: it does not depend on the caller's transaction (or there is none)."""
+    def put(self, key: K, value: V, *, replacing: K | None = None) -> None:
+        """Keep `value` now: it does not depend on the caller's transaction (or there is none).
+        `replacing`: a key `value` supersedes, dropped with the same lock held."""
         weight = self._weigh(value) if self._weigh is not None else 1
         limit = self.limit()
-        if weight > limit:
-            return
         with self._lock:
-            old = self._entries.pop(key, None)
-            if old is not None:
-                self._weight -= self._weigh(old) if self._weigh is not None else 1
+            if replacing is not None:
+                self._pop(replacing)
+            if weight > limit:
+                return
+            self._pop(key)
             self._entries[key] = value
             self._weight += weight
             while self._weight > limit and self._entries:
                 _, evicted = self._entries.popitem(last=False)
                 self._weight -= self._weigh(evicted) if self._weigh is not None else 1
 
-    def remember(self, key: K, value: V, *, using: str = DEFAULT_DB_ALIAS) -> None:
-        """Keep `value`, read or written in the caller's transaction, once that transaction commits."""
+    def remember(self, key: K, value: V, *, replacing: K | None = None, using: str = DEFAULT_DB_ALIAS) -> None:
+        """Keep `value`, read or written in the caller's transaction, once that transaction commits
+        (and only then drop the key it is `replacing`: a rollback leaves the cache as it was)."""
         if connections[using].in_atomic_block:
-            transaction.on_commit(lambda: self.put(key, value), using=using)
+            transaction.on_commit(lambda: self.put(key, value, replacing=replacing), using=using)
         else:
-            self.put(key, value)
+            self.put(key, value, replacing=replacing)
 
     def drop(self, key: K) -> None:
         with self._lock:
-            value = self._entries.pop(key, None)
-            if value is not None:
-                self._weight -= self._weigh(value) if self._weigh is not None else 1
+            self._pop(key)
+
+    def _pop(self, key: K) -> None:
+        """Forget `key` (the lock held)."""
+        if key in self._entries:
+            value = self._entries.pop(key)
+            self._weight -= self._weigh(value) if self._weigh is not None else 1
 
     def drop_where(self, doomed: Callable[[K, V], bool]) -> None:
         with self._lock:

@@ -4,7 +4,9 @@ A checkpoint's state never changes, so a cached node only saves the replay of de
 whose row compaction rewrote is noticed by its MAC and dropped (see `reads` and `append`).
 The cache is bounded by the total size of the states it holds plus what keeping each costs
 besides (QUICKSAVE_STATE_CACHE_BYTES), and a node written in a transaction is kept only once that
-transaction commits (`lru`).
+transaction commits (`lru`). An append's node takes its parent's place when both are on one branch
+(`append`), so a thread written step after step holds one node here, its head, and what else the
+cache holds is what readers asked for.
 """
 
 from __future__ import annotations

@@ -10,10 +10,11 @@ import uuid
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from checkpoints import live, storage
-from checkpoints.models import Branch
+from checkpoints.models import Branch, Checkpoint
 from checkpoints.storage import branches
 from checkpoints.storage.lru import LRU
 from checkpoints.storage.nodes import states
@@ -144,6 +145,65 @@ def test_a_committed_write_is_served_from_the_cache(agent: Agent) -> None:
     assert storage.load_node(written.pk) is node  # kept once committed
 
 
+def test_a_value_put_in_place_of_another_drops_it_even_when_it_is_too_large_to_keep() -> None:
+    cache: LRU[str, bytes] = LRU(10, weigh=len)
+    cache.put("parent", b"12345")
+    cache.put("other", b"1")
+    cache.put("child", b"123456", replacing="parent")
+    assert [cache.find(key)[0] for key in ("parent", "other", "child")] == [False, True, True]
+    cache.put("huge", b"x" * 11, replacing="child")
+    assert [cache.find(key)[0] for key in ("other", "child", "huge")] == [True, False, False]
+
+
+def _nodes_of(thread_id: uuid.UUID) -> set[uuid.UUID]:
+    return {checkpoint.pk for checkpoint in Checkpoint.objects.filter(thread_id=thread_id)
+            if states.find(checkpoint.pk)[0]}  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_thread_written_step_after_step_keeps_only_its_head_in_the_cache(agent: Agent) -> None:
+    # Each append kept its new state beside all the earlier ones: a process writing for many agents
+    # grew until the cache's budget was full (+67 MiB a server over bench/load.py's soak).
+    thread = storage.create_thread(agent=agent)[0]
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"messages": []})
+    for n in range(1, 50):
+        step = [{"op": "add", "path": "/messages/-", "value": f"step {n}"}]
+        head = storage.append_checkpoint(thread=thread, parent=head, patch=step)
+    assert _nodes_of(thread.pk) == {head.pk}
+    # The next append still starts from the cached head: its one statement is the insert, no replay.
+    with CaptureQueriesContext(connection) as queries:
+        head = storage.append_checkpoint(thread=thread, parent=head, patch=[{"op": "remove", "path": "/messages/0"}])
+    assert len(queries.captured_queries) == 1
+    assert _nodes_of(thread.pk) == {head.pk}
+    # An older state is replayed when read, and kept for the next reader.
+    older = Checkpoint.objects.get(thread=thread, seq=10)
+    assert storage.state_at(older.pk) == {"messages": [f"step {n}" for n in range(1, 10)]}
+    assert _nodes_of(thread.pk) == {head.pk, older.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forks_first_checkpoint_leaves_the_fork_point_cached_as_its_own_branchs_head(agent: Agent) -> None:
+    thread = storage.create_thread(agent=agent)[0]
+    root = storage.append_checkpoint(thread=thread, parent=None, state={"plan": "a"})
+    storage.start_branch(thread=thread, at=root, name="retry")
+    fork = storage.append_checkpoint(thread=thread, parent=root, branch="retry", state={"plan": "b"})
+    assert _nodes_of(thread.pk) == {root.pk, fork.pk}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_rolled_back_append_leaves_its_parent_cached(agent: Agent) -> None:
+    thread = storage.create_thread(agent=agent)[0]
+    root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+    with pytest.raises(RolledBack), transaction.atomic():
+        storage.append_checkpoint(thread=thread, parent=root, state={"n": 1})
+        assert _nodes_of(thread.pk) == {root.pk}  # nothing changes before the commit
+        raise RolledBack
+    assert _nodes_of(thread.pk) == {root.pk}
+    with transaction.atomic():
+        child = storage.append_checkpoint(thread=thread, parent=root, state={"n": 1})
+    assert _nodes_of(thread.pk) == {child.pk}
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_state_cache_holds_no_more_memory_than_its_budget_however_small_the_states(
     agent: Agent, settings: Any
@@ -151,13 +211,17 @@ def test_the_state_cache_holds_no_more_memory_than_its_budget_however_small_the_
     # Weighed by their states alone, 300 states of 8 bytes "weighed" 2 KiB and held some 200 KiB.
     settings.QUICKSAVE_STATE_CACHE_BYTES = budget = 64 * 1024
     thread = storage.create_thread(agent=agent)[0]
+    written = [storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})]
+    for n in range(1, 300):
+        written.append(storage.append_checkpoint(thread=thread, parent=written[-1],
+                                                 patch=[{"op": "replace", "path": "/n", "value": n}]))  # fmt: skip
+    live.flush()  # the publisher thread is done with the events: what is freed below is the cache's
+    states.clear()
+    gc.collect()
     tracemalloc.start()
     try:
-        head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
-        for n in range(1, 300):
-            head = storage.append_checkpoint(thread=thread, parent=head,
-                                             patch=[{"op": "replace", "path": "/n", "value": n}])  # fmt: skip
-        live.flush()  # the publisher thread is done with the events: what is freed below is the cache's
+        for checkpoint in written:  # a reader of every state (each replayed from the one before)
+            storage.state_at(checkpoint.pk)
         gc.collect()
         filled = tracemalloc.get_traced_memory()[0]
         cached = len(states)

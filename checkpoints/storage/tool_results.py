@@ -167,8 +167,9 @@ def _write(
         **fencing.params(fence),
     }  # fmt: skip
     try:
-        # The insert of LangGraph's pending writes, twice a step: on the kept cursor (binary results).
-        cursor = cursors.kept_cursor()
+        # The insert of LangGraph's pending writes, twice a step: on a kept cursor of its own
+        # (binary results), not the appends', which it would set up for its results each time.
+        cursor = cursors.kept_cursor("tool-results")
         cursor.execute(_PUT_SQL, params)
         return {key: row_id for row_id, key in cursor.fetchall()}
     except IntegrityError as exc:

@@ -23,7 +23,7 @@ import zstandard
 from django.conf import settings
 
 from checkpoints.storage import dictionaries
-from checkpoints.storage.jsonpatch import canonical_json, json_depth
+from checkpoints.storage.jsonpatch import canonical_json, canonical_json_plain, json_depth
 from checkpoints.storage.pool import Pool
 
 RAW = b"\x00"
@@ -59,8 +59,14 @@ class EncodingError(ValueError):
 
 
 def to_canonical_bytes(value: Any) -> bytes:
+    return to_canonical_bytes_plain(value)[0]
+
+
+def to_canonical_bytes_plain(value: Any) -> tuple[bytes, bool]:
+    """`to_canonical_bytes(value)`, and whether the value is plain JSON (no float, nothing orjson
+    refuses: see jsonpatch.canonical_json_plain), whose bytes `loads(..., plain=True)` reads."""
     try:
-        return canonical_json(value)
+        return canonical_json_plain(value)
     except UnicodeEncodeError:
         raise EncodingError("contains a string that is not valid Unicode (a lone surrogate)") from None
     except ValueError as exc:
@@ -73,8 +79,12 @@ def to_canonical_bytes(value: Any) -> bytes:
         raise EncodingError(f"is not JSON-serialisable ({exc})") from None
 
 
-def check_depth(value: Any, *, base: int = 0) -> None:
+def check_depth(value: Any, *, base: int = 0, canonical: bytes | None = None) -> None:
+    """Refuse a value nested deeper than QUICKSAVE_MAX_DEPTH (less `base`). Given its `canonical`
+    JSON, a value with too few brackets to nest that deep is not walked."""
     limit: int = settings.QUICKSAVE_MAX_DEPTH
+    if canonical is not None and base + canonical.count(b"[") + canonical.count(b"{") <= limit:
+        return
     try:
         depth = base + json_depth(value)
     except RecursionError:
@@ -166,13 +176,16 @@ def decode(blob: bytes | memoryview) -> Any:
     return loads(unframe(blob))
 
 
-def loads(data: bytes | bytearray | memoryview | str) -> Any:
+def loads(data: bytes | bytearray | memoryview | str, *, plain: bool = False) -> Any:
     """Parse stored JSON exactly as json.loads would, with orjson doing most of the work.
 
     orjson refuses a few things json.loads accepts (a lone surrogate escape, NaN) and reads an
     integer beyond 64 bits as a float: both go to the standard library, so a value parses to
-    what json.loads gives, or fails as it fails.
+    what json.loads gives, or fails as it fails. `plain`: the bytes are what
+    `to_canonical_bytes_plain` made of a plain value, which holds no float to look through.
     """
+    if plain:
+        return orjson.loads(data)
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError:

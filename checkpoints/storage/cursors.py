@@ -14,14 +14,15 @@ Django and psycopg instrumentations see it. On it, through psycopg's public curs
 - with `json=True`, jsonb values are parsed by the codec that stores every JSON value
   (Django's own cursors leave jsonb as text for its JSONField to parse).
 
-The hottest statements (the append, the insert of tool results) run on a cursor kept with the
-connection object they run on (`kept_cursor`): psycopg's cursor remembers the dumper it found for
-each parameter's type and the statement it prepared, which a new cursor looks up again each time
-(about 180,000 instructions of a one-row tool-result insert's 420,000), and Django's wrapper around
-it is made once. It is kept with the connection object rather than the thread: LangGraph runs a
-graph's checkpoint writes on threads it starts for every run, which borrow the process's lent
-connections (`lent_connection`), so a cursor kept by the thread was made afresh for nearly every
-write. A connection object serves one thread at a time, and so does its cursor. It is made again
+The hottest statements (the append, the insert of tool results, LangGraph's newest-checkpoint
+read) each run on a cursor of their own kept with the connection object they run on
+(`kept_cursor`): psycopg's cursor remembers the dumper it found for each parameter's type and the
+statement it prepared, which a new cursor looks up again each time (about 180,000 instructions of
+a one-row tool-result insert's 420,000), and Django's wrapper around it is made once. It is kept
+with the connection object rather than the thread: LangGraph runs a graph's checkpoint writes on
+threads it starts for every run, which borrow the process's lent connections (`lent_connection`),
+so a cursor kept by the thread was made afresh for nearly every write. A connection object serves
+one thread at a time, and so do its cursors. One is made again
 whenever it would no longer be the cursor `connection.cursor()` gives: another connection (a new
 request's, from the pool), a closed one, or the query log switched on or off
 (`CaptureQueriesContext`, `DEBUG`).
@@ -49,16 +50,22 @@ def cursor(*, json: bool = False) -> Iterator[CursorWrapper]:
         yield wrapper
 
 
-# The attribute of a connection object that holds its kept cursor.
+# The attribute of a connection object that holds its kept cursor (of each role but the writes').
 _KEPT = "quicksave_kept_cursor"
 
 
-def kept_cursor() -> CursorWrapper:
+def kept_cursor(role: str = "") -> CursorWrapper:
     """`cursor()`'s kind of cursor, kept with this thread's connection object for its next
-    statement; not to be closed."""
+    statement; not to be closed. Each hot statement keeps one of its own, under a `role` (the
+    append the default one): psycopg's cursor keeps the dumpers it found for each parameter
+    position and the loaders of the results it last read, so statements of other shapes taking
+    turns on one cursor each found them again (the append, the pending writes' insert and
+    LangGraph's newest-checkpoint read on one cursor cost 0.29 M instructions a step more than
+    on three: docs/langgraph-benchmark.md)."""
     db = connections[DEFAULT_DB_ALIAS]
     db.ensure_connection()
-    wrapper: CursorWrapper | None = getattr(db, _KEPT, None)
+    kept = f"{_KEPT}_{role}" if role else _KEPT
+    wrapper: CursorWrapper | None = getattr(db, kept, None)
     if (
         wrapper is None
         or wrapper.cursor.closed
@@ -67,7 +74,7 @@ def kept_cursor() -> CursorWrapper:
     ):
         wrapper = db.cursor()
         _set_up(wrapper, json=False)
-        setattr(db, _KEPT, wrapper)
+        setattr(db, kept, wrapper)
     return wrapper
 
 

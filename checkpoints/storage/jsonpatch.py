@@ -18,7 +18,9 @@ __all__ = [
     "apply_patch",
     "apply_validated",
     "canonical_json",
+    "canonical_json_plain",
     "canonical_size",
+    "depth_bound",
     "format_pointer",
     "json_depth",
     "json_equal",
@@ -88,14 +90,21 @@ def canonical_json(value: JSON) -> bytes:
     library, and so do the values orjson refuses (a lone surrogate, an integer beyond 64
     bits, a non-string key, a cycle, deep nesting), which then encode or fail as they did.
     """
+    return canonical_json_plain(value)[0]
+
+
+def canonical_json_plain(value: JSON) -> tuple[bytes, bool]:
+    """`canonical_json(value)`, and whether the value is plain: only dicts, lists, strings,
+    integers, booleans and nulls, which orjson wrote and reads back exactly (no float to round,
+    no integer beyond its 64 bits), and whose every part's canonical JSON is orjson's too."""
     try:
         encoded = orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError:
         pass
     else:
         if _plain(value):
-            return encoded
-    return _ENCODER.encode(value).encode("utf-8")
+            return encoded, True
+    return _ENCODER.encode(value).encode("utf-8"), False
 
 
 _PLAIN_SCALARS = frozenset({str, int, bool, type(None)})
@@ -390,10 +399,12 @@ class _Patcher:
             label = f"{self.name} from {source} to {shown}"
         raise PatchError(f"op {self.index} ({label}): {reason}", index=self.index, path=self.path)
 
-    def measure(self, value: JSON) -> int:
+    def measure(self, value: JSON, *, plain: bool = False) -> int:
+        """len(canonical_json(value)), counted against the budget; `plain`: the value is (see
+        canonical_json_plain), so orjson's JSON of it, sorted or not, is as long."""
         if not self.measuring:
             return 0
-        size = _scalar_size(value)
+        size = len(orjson.dumps(value)) if plain else _scalar_size(value)
         if size < 0:
             try:
                 size = len(canonical_json(value))
@@ -545,21 +556,54 @@ def apply_patch(
     return _apply_parsed(doc, _parse_ops(ops), measure=measure, in_place=in_place, limit=limit)
 
 
-def apply_validated(doc: JSON, validated: Sequence[_Parsed], ops: list[Op], *, limit: int | None = None) -> Applied:
+def apply_validated(
+    doc: JSON,
+    validated: Sequence[_Parsed],
+    ops: list[Op],
+    *,
+    limit: int | None = None,
+    plain: bool = False,
+    depth: bool = True,
+) -> Applied:
     """`apply_patch(doc, ops, limit=limit)` for `ops` equal to the patch `validate_patch` checked
     (its canonical JSON read back, say): the pointers it parsed then are used again, not parsed
-    a second time. Each of `ops` must be the op at the same place in that patch, or equal to it."""
+    a second time. Each of `ops` must be the op at the same place in that patch, or equal to it.
+
+    `plain`: every op's value is plain (canonical_json_plain), so its size is orjson's length and
+    not a walk of it. `depth=False`: the caller knows the patch cannot nest the document too deep
+    (see `depth_bound`), so the depth is not measured (0 comes back)."""
     if len(validated) != len(ops):
         raise ValueError("the ops are not those of the validated patch")
     parsed = [(name, path, tokens, from_path, from_tokens, op)
               for (name, path, tokens, from_path, from_tokens, _), op in zip(validated, ops, strict=True)]  # fmt: skip
-    return _apply_parsed(doc, parsed, measure=True, in_place=False, limit=limit)
+    return _apply_parsed(doc, parsed, measure=True, in_place=False, limit=limit, plain=plain, depth=depth)
 
 
-def _apply_parsed(doc: JSON, parsed: list[_Parsed], *, measure: bool, in_place: bool, limit: int | None) -> Applied:
+def depth_bound(validated: Sequence[_Parsed], canonical: bytes) -> int | None:
+    """An upper bound of the depth a validated patch of add, replace, remove and test ops can give
+    the document, from its canonical JSON: no value nests deeper than it has brackets. None for a
+    patch that moves or copies (its values come from the document)."""
+    deepest = 0
+    for name, _, tokens, _, _, _ in validated:
+        if name == "move" or name == "copy":
+            return None
+        deepest = max(deepest, len(tokens))
+    return deepest + canonical.count(b"[") + canonical.count(b"{")
+
+
+def _apply_parsed(
+    doc: JSON,
+    parsed: list[_Parsed],
+    *,
+    measure: bool,
+    in_place: bool,
+    limit: int | None,
+    plain: bool = False,
+    depth: bool = True,
+) -> Applied:
     budget = WORK_PER_LIMIT * max(limit, 0) if measure and limit is not None else None
     patcher = _Patcher(doc, measuring=measure, in_place=in_place, budget=budget)
-    depth = 0
+    deepest = 0
     for index, (name, path, tokens, from_path, from_tokens, op) in enumerate(parsed):
         patcher.index = index
         patcher.name = name
@@ -567,7 +611,7 @@ def _apply_parsed(doc: JSON, parsed: list[_Parsed], *, measure: bool, in_place: 
         patcher.from_path = from_path
         if name == "add" or name == "replace":
             value = op["value"]
-            size = patcher.measure(value)
+            size = patcher.measure(value, plain=plain)
             if name == "add":
                 patcher.add(tokens, value, size)
             else:
@@ -597,9 +641,9 @@ def _apply_parsed(doc: JSON, parsed: list[_Parsed], *, measure: bool, in_place: 
             patcher.add(tokens, value, size)
         if limit is not None and patcher.delta > limit:
             raise PatchTooLarge(f"op {index} ({name}): the document would grow by more than {limit} bytes")
-        if measure:
-            depth = max(depth, len(tokens) + json_depth(value))
-    return Applied(patcher.root, patcher.delta, depth)
+        if measure and depth:
+            deepest = max(deepest, len(tokens) + json_depth(value))
+    return Applied(patcher.root, patcher.delta, deepest)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -46,12 +46,14 @@ def put_tool_result(
     return stored, created
 
 
-# One statement for any number of results, so it is prepared once per connection. The sealed
-# results go in binary: as text, psycopg would escape every byte of them into an array literal.
+# One statement for any number of results, so it is prepared once per connection. Both arrays go
+# in binary: as text, psycopg would escape every byte of the sealed results into an array literal,
+# and search each key with a regular expression for characters to quote (a third of the insert's
+# client instructions for a few 64-character keys).
 _PUT_SQL = """
 INSERT INTO checkpoints_toolresult (thread_id, key, tool, result, checkpoint_id, created_at)
 SELECT %(thread)s::uuid, key, %(tool)s::text, result, %(checkpoint)s::uuid, %(created_at)s::timestamptz
-FROM unnest(%(keys)s::text[], %(results)b::bytea[]) AS given(key, result)
+FROM unnest(%(keys)b::text[], %(results)b::bytea[]) AS given(key, result)
 WHERE {fence}
 ON CONFLICT (thread_id, key) DO NOTHING
 RETURNING id, key
@@ -139,7 +141,7 @@ def _sealed(thread: Thread, results: Sequence[tuple[str, Any]]) -> list[_Sealed]
             )
         try:
             canonical = codec.to_canonical_bytes(result)
-            codec.check_depth(result)
+            codec.check_depth(result, canonical=canonical)
         except codec.EncodingError as exc:
             raise InvalidState(f"`result` {exc}.", detail={"field": "result"}) from None
         sealed = crypto.seal(thread.pk, functools.partial(result_ad, thread.pk, key), codec.encode(canonical))
@@ -165,8 +167,9 @@ def _write(
         **fencing.params(fence),
     }  # fmt: skip
     try:
-        # The insert of LangGraph's pending writes, twice a step: on the kept cursor (binary results).
-        cursor = cursors.kept_cursor()
+        # The insert of LangGraph's pending writes, twice a step: on a kept cursor of its own
+        # (binary results), not the appends', which it would set up for its results each time.
+        cursor = cursors.kept_cursor("tool-results")
         cursor.execute(_PUT_SQL, params)
         return {key: row_id for row_id, key in cursor.fetchall()}
     except IntegrityError as exc:

@@ -23,6 +23,7 @@ from checkpoints.storage.jsonpatch import (
     PatchTooLarge,
     apply_patch,
     apply_validated,
+    depth_bound,
     make_patch,
     validate_patch,
 )
@@ -58,7 +59,7 @@ def next_state(
     # gives the store private copies of the inserted values, which a caller can no
     # longer mutate under the cache.
     try:
-        delta = codec.to_canonical_bytes(ops)
+        delta, plain = codec.to_canonical_bytes_plain(ops)
     except codec.EncodingError as exc:
         field = "patch" if patch is not None else "state"
         raise InvalidState(f"The {field} {exc}.", detail={"field": field}) from None
@@ -68,15 +69,21 @@ def next_state(
             f"The {field} contains `{blobs.MARKER}`, which Quicksave keeps for its references to large values.",
             detail={"field": field},
         )
-    ops = codec.loads(delta)
+    ops = codec.loads(delta, plain=plain)
     max_bytes: int = settings.QUICKSAVE_MAX_STATE_BYTES
+    limit: int = settings.QUICKSAVE_MAX_DEPTH
     try:
         growth = max_bytes - base_bytes
         # A patch's pointers were parsed when it was checked: its copy read back has the same ones.
+        # Its plain values are sized by orjson, and a patch with too few brackets to nest the
+        # state past the limit is not walked for its depth (a put's patch: a dozen at most).
         if validated is None:
             applied = apply_patch(base, ops, limit=growth)
         else:
-            applied = apply_validated(base, validated, ops, limit=growth)
+            bound = depth_bound(validated, delta)
+            applied = apply_validated(
+                base, validated, ops, limit=growth, plain=plain, depth=bound is None or bound > limit
+            )
     except PatchError as exc:
         raise InvalidPatch(exc.message, detail=_patch_detail(exc)) from None
     except PatchTooLarge as exc:
@@ -85,7 +92,6 @@ def next_state(
         raise InvalidState(f"The state is nested deeper than {settings.QUICKSAVE_MAX_DEPTH} levels.") from None
     if not isinstance(applied.doc, dict):
         raise InvalidState("The state must remain a JSON object.", detail={"field": "patch" if patch else "state"})
-    limit: int = settings.QUICKSAVE_MAX_DEPTH
     if applied.depth > limit:
         raise InvalidState(
             f"The state is nested {applied.depth} levels deep; the limit is {limit}.",
@@ -110,8 +116,9 @@ def checked_object(value: Any, *, field: str) -> dict[str, Any]:
     if not value:  # most writes carry no metadata
         return value
     try:
-        size = len(codec.to_canonical_bytes(value))
-        codec.check_depth(value)
+        canonical = codec.to_canonical_bytes(value)
+        codec.check_depth(value, canonical=canonical)
+        size = len(canonical)
     except codec.EncodingError as exc:
         raise InvalidState(f"`{field}` {exc}.", detail={"field": field}) from None
     limit: int = settings.QUICKSAVE_MAX_METADATA_BYTES

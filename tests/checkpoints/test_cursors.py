@@ -47,6 +47,30 @@ def test_the_query_log_sees_an_append_made_after_appends_it_did_not_watch(thread
     assert Checkpoint.objects.filter(thread=thread).count() == 5
 
 
+def test_appends_and_tool_result_inserts_taking_turns_each_keep_their_own_cursor(thread: Thread) -> None:
+    # On one cursor each statement would find its dumpers and result loaders again after the other.
+    used: dict[str, list[Any]] = {"append": [], "insert": []}
+
+    def note(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if "INSERT INTO checkpoints_checkpoint" in sql:
+            used["append"].append(context["cursor"])
+        elif "INSERT INTO checkpoints_toolresult" in sql:
+            used["insert"].append(context["cursor"])
+        return execute(sql, params, many, context)
+
+    head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+    with connection.execute_wrapper(note):
+        for n in range(1, 4):
+            head = storage.append_checkpoint(
+                thread=thread, parent=head, patch=[{"op": "replace", "path": "/n", "value": n}]
+            )
+            storage.add_tool_results(thread=thread, results=[(f"key-{n}", {"n": n})], checkpoint=head)
+
+    assert len(used["append"]) == len(used["insert"]) == 3
+    assert len({id(cursor) for cursor in used["append"]}) == len({id(cursor) for cursor in used["insert"]}) == 1
+    assert used["append"][0] is not used["insert"][0]
+
+
 def test_an_append_after_the_connection_closed_runs_on_the_new_connection(thread: Thread) -> None:
     head = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
     connection.close()  # what the end of a request does (the pool may hand the same connection back)

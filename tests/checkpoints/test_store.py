@@ -363,6 +363,32 @@ def test_nesting_deeper_than_64_is_refused(thread: Thread) -> None:
         storage.append_checkpoint(thread=thread, parent=parent, patch=[{"op": "add", "path": "/a/b", "value": deep}])
 
 
+def test_a_copy_that_nests_the_state_too_deep_is_refused_though_the_patch_is_flat(thread: Thread) -> None:
+    # A patch's own brackets bound the depth of what it adds, not of what it copies from the state.
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(60):
+        node["d"] = {}
+        node = node["d"]
+    parent = storage.append_checkpoint(thread=thread, parent=None, state={"a": deep, "b": {"c": {"e": {}}}})
+    with pytest.raises(InvalidState, match="limit is 64"):
+        storage.append_checkpoint(
+            thread=thread, parent=parent, patch=[{"op": "copy", "from": "/a", "path": "/b/c/e/f"}]
+        )
+    assert Checkpoint.objects.filter(thread=thread).count() == 1
+
+
+def test_state_bytes_is_the_canonical_size_after_patches_of_floats_big_integers_and_text(thread: Thread) -> None:
+    # Plain values are sized by orjson; floats and integers beyond 64 bits are not plain.
+    written = [storage.append_checkpoint(thread=thread, parent=None, state={"log": [], "n": 1})]
+    for value in (1e16, 0.1, 2**70, -(2**63), "ünïcödé ✓", {"x": [1.5, True, None]}, {"m": {"k": "v"}}, 10**20):
+        patch = [{"op": "add", "path": "/log/-", "value": value}, {"op": "replace", "path": "/n", "value": value}]
+        written.append(storage.append_checkpoint(thread=thread, parent=written[-1], patch=patch))
+    for checkpoint in written:
+        assert checkpoint.state_bytes == canonical_size(storage.state_at(checkpoint))
+    assert storage.state_at(written[-1])["log"][2] == 2**70
+
+
 def test_state_above_the_size_limit_is_refused_naming_the_limit(thread: Thread, settings: Any) -> None:
     settings.QUICKSAVE_MAX_STATE_BYTES = 10_000
     parent = storage.append_checkpoint(thread=thread, parent=None, state={"log": []})

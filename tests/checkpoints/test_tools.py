@@ -30,6 +30,18 @@ def test_a_batch_put_stores_new_keys_and_keeps_the_first_result_of_known_ones(ag
     assert found is not None and found.result == {"hits": 2}
 
 
+def test_keys_an_array_literal_would_quote_are_stored_as_given(agent: Agent) -> None:
+    # The keys go to PostgreSQL as a binary array: nothing in them is quoted, escaped or read as NULL.
+    thread, _ = storage.create_thread(agent=agent)
+    keys = ["a,b", '"quoted"', "{braced}", "NULL", " spaced ", "back\\slash", "semi;colon", "ünï"]
+
+    assert add_tool_results(thread=thread, results=[(key, {"key": key}) for key in keys]) == len(keys)
+
+    for key in keys:
+        found = get_tool_result(thread=thread, key=key)
+        assert found is not None and found.result == {"key": key}
+
+
 def test_a_batch_with_one_bad_result_writes_none_of_them(agent: Agent) -> None:
     thread, _ = storage.create_thread(agent=agent)
 

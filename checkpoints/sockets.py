@@ -28,7 +28,15 @@ from django.contrib.auth.models import User
 from django.utils import timezone
 from opentelemetry.trace import SpanKind
 
-from checkpoints.live import Outage, agent_key_group, layer_outage, register_server_loop, session_group
+from checkpoints.live import (
+    Outage,
+    agent_key_group,
+    layer_outage,
+    listening,
+    not_listening,
+    register_server_loop,
+    session_group,
+)
 from quicksave import metrics, telemetry
 from quicksave_agents.models import AgentKey
 
@@ -203,6 +211,7 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.joined: list[str] = []
+        self.noted: list[str] = []  # the groups noted as listened to (checkpoints.live.listening)
         self._counted = False
         self.accepted = False
         self.closed = False
@@ -254,7 +263,12 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
         sign_in = sign_in_of(self.scope)
         try:
             async with asyncio.timeout(LAYER_TIMEOUT_SECONDS):
-                for group in [*groups, sign_in.group] if sign_in else groups:
+                wanted = [*groups, sign_in.group] if sign_in else list(groups)
+                # Noted before joining, as the publisher skips a group no socket has noted: a send
+                # it then makes reaches this socket once it has joined, or its replay reads the event.
+                await asyncio.to_thread(listening, wanted, self.channel_name, layer=self.channel_layer)
+                self.noted.extend(wanted)
+                for group in wanted:
                     await self.channel_layer.group_add(group, self.channel_name)
                     self.joined.append(group)
         except (redis.RedisError, TimeoutError) as error:
@@ -278,9 +292,10 @@ class EventConsumer(AsyncJsonWebsocketConsumer):
             async with asyncio.timeout(LAYER_TIMEOUT_SECONDS):
                 for group in self.joined:
                     await self.channel_layer.group_discard(group, self.channel_name)
+                await asyncio.to_thread(not_listening, self.noted, self.channel_name, layer=self.channel_layer)
         except (redis.RedisError, TimeoutError) as error:
             layer_outage.began(error)
-        self.joined = []
+        self.joined, self.noted = [], []
 
     async def sign_in_ended(self, message: dict[str, Any] | None = None) -> None:
         """`sign_in.ended`, or the re-check found the key revoked or the session signed out."""

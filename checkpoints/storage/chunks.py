@@ -26,7 +26,6 @@ payload, digests included, is covered by its row's integrity MAC: the chain vouc
 from __future__ import annotations
 
 import hmac
-import re
 import struct
 import zlib
 from uuid import UUID
@@ -49,7 +48,6 @@ DIVISOR = 64
 WINDOW = 256
 DIGEST_BYTES = 32
 _COUNT = struct.Struct(">I")
-_CUT_PLACES = re.compile(rb"[}\]],")
 _DOMAIN = b"quicksave-snapshot-chunk:"
 # A snapshot refreshes the `used_at` of a chunk it names at most this often (each refresh leaves a
 # dead row version behind); garbage collection spares chunks used within twice this.
@@ -60,17 +58,27 @@ def cut(canonical: bytes) -> list[bytes]:
     """`canonical` in pieces whose concatenation it is (see the module's docstring for where)."""
     pieces: list[bytes] = []
     start = 0
-    for match in _CUT_PLACES.finditer(canonical, MIN_CHUNK):
-        end = match.end()
-        size = end - start
-        if size < MIN_CHUNK:
-            continue
-        if size >= MAX_CHUNK or zlib.crc32(canonical[end - WINDOW : end]) % DIVISOR == 0:
+    # The next `},` and `],` at or after `at` (-1: none left). bytes.find runs through a snapshot of a
+    # few hundred kilobytes in microseconds, where a regular expression's character class tried at
+    # every byte took 13 ms for 300 KB; and nothing closer than MIN_CHUNK to the last cut is looked at.
+    at = MIN_CHUNK
+    brace, bracket = canonical.find(b"},", at), canonical.find(b"],", at)
+    while brace >= 0 or bracket >= 0:
+        place = brace if bracket < 0 or 0 <= brace < bracket else bracket
+        end = place + 2
+        if end - start >= MAX_CHUNK or zlib.crc32(canonical[end - WINDOW : end]) % DIVISOR == 0:
             while end - start > MAX_CHUNK:  # a stretch without any cut place
                 pieces.append(canonical[start : start + MAX_CHUNK])
                 start += MAX_CHUNK
             pieces.append(canonical[start:end])
             start = end
+            at = start + MIN_CHUNK - 2  # a place ends 2 bytes after it starts
+        else:
+            at = end
+        if 0 <= brace < at:
+            brace = canonical.find(b"},", at)
+        if 0 <= bracket < at:
+            bracket = canonical.find(b"],", at)
     while len(canonical) - start > MAX_CHUNK:
         pieces.append(canonical[start : start + MAX_CHUNK])
         start += MAX_CHUNK
@@ -155,22 +163,25 @@ def _open(thread_id: UUID, piece_digest: bytes, sealed: bytes) -> bytes:
 
 # Which of the digests are stored (refreshing the use time of those not refreshed lately); the
 # update's returned rows are not needed: the select sees every row as it was before the update.
+# The lists of digests and chunks go in PostgreSQL's binary format (psycopg's `%b`): as text each
+# value would be escaped to hex and each array through a regular expression, some 250,000
+# instructions an array of a few 100 KB pieces.
 _FIND_SQL = f"""
 WITH touched AS (
     UPDATE checkpoints_snapshotchunk SET used_at = now()
-    WHERE thread_id = %(thread)s AND digest = ANY(%(digests)s)
+    WHERE thread_id = %(thread)s AND digest = ANY(%(digests)b)
       AND used_at < now() - interval '{TOUCH_SECONDS} seconds'
     RETURNING 1
 )
-SELECT digest FROM checkpoints_snapshotchunk WHERE thread_id = %(thread)s AND digest = ANY(%(digests)s)
+SELECT digest FROM checkpoints_snapshotchunk WHERE thread_id = %(thread)s AND digest = ANY(%(digests)b)
 """
 _INSERT_SQL = """
 INSERT INTO checkpoints_snapshotchunk (thread_id, digest, data, used_at)
-SELECT %(thread)s, d, x, now() FROM unnest(%(digests)s::bytea[], %(data)s::bytea[]) AS new(d, x)
+SELECT %(thread)s, d, x, now() FROM unnest(%(digests)b::bytea[], %(data)b::bytea[]) AS new(d, x)
 ON CONFLICT (thread_id, digest) DO UPDATE SET used_at = now()
 """
 _FETCH_SQL = """
-SELECT digest, data FROM checkpoints_snapshotchunk WHERE thread_id = %(thread)s AND digest = ANY(%(digests)s)
+SELECT digest, data FROM checkpoints_snapshotchunk WHERE thread_id = %(thread)s AND digest = ANY(%(digests)b)
 """
 
 

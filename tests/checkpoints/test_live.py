@@ -1,17 +1,22 @@
-"""The live publisher batches what queues up while a send is on its way, and tells the thread list
-which threads had events at most once an interval."""
+"""The live publisher batches what queues up while a send is on its way, tells the thread list
+which threads had events at most once an interval, and sends to a group only while a socket listens."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from channels.layers import InMemoryChannelLayer
+import redis
+from channels.layers import InMemoryChannelLayer, channel_layers, get_channel_layer
+from django.test import override_settings
 
-from checkpoints import live
+from checkpoints import live, storage
+from checkpoints.models import Thread
 from tests.waiting import wait_until
 
 
@@ -136,3 +141,53 @@ def test_a_send_the_busy_server_loop_runs_late_is_waited_for_not_logged_as_faile
     assert sent == [True]
     assert received["n"] == 1
     assert not [record for record in caplog.records if record.exc_info]
+
+
+@pytest.fixture
+def redis_layer() -> Iterator[Any]:
+    """The channel layer on channels-redis (REDIS_URL, else a local server), as servers run it."""
+    url = os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0"
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.RedisError as exc:
+        pytest.fail(f"Redis is not reachable at {url} ({exc}): start it, or set REDIS_URL", pytrace=False)
+    layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": [url]}}}
+    with override_settings(REDIS_URL=url, CHANNEL_LAYERS=layers):
+        channel_layers.backends.clear()
+        yield get_channel_layer()
+    channel_layers.backends.clear()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_publisher_sends_to_a_thread_only_while_a_socket_listens_to_it(redis_layer: Any, thread: Thread) -> None:
+    group = live.thread_group(thread.pk)
+    sent: list[str] = []
+    group_send = redis_layer.group_send
+
+    async def counting(to: str, message: dict[str, Any]) -> None:
+        sent.append(to)
+        await group_send(to, message)
+
+    redis_layer.group_send = counting
+    socket_loop = asyncio.new_event_loop()
+    try:
+        first = storage.append_checkpoint(thread=thread, parent=None, state={"i": 0})
+        live.flush()
+        assert group not in sent  # nobody listens: channels-redis is not asked
+
+        channel = socket_loop.run_until_complete(redis_layer.new_channel())
+        live.listening([group], channel, layer=redis_layer)
+        socket_loop.run_until_complete(redis_layer.group_add(group, channel))
+        second = storage.append_checkpoint(thread=thread, parent=first, state={"i": 1})
+        live.flush()
+        received = socket_loop.run_until_complete(asyncio.wait_for(redis_layer.receive(channel), 5))
+        assert sent.count(group) == 1 and received["event"]["data"]["checkpoint"] == str(second.pk)
+
+        socket_loop.run_until_complete(redis_layer.group_discard(group, channel))
+        live.not_listening([group], channel, layer=redis_layer)
+        storage.append_checkpoint(thread=thread, parent=second, state={"i": 2})
+        live.flush()
+        assert sent.count(group) == 1
+    finally:
+        redis_layer.group_send = group_send
+        socket_loop.close()

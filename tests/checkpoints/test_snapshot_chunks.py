@@ -5,6 +5,7 @@ fails the read."""
 from __future__ import annotations
 
 import random
+import zlib
 from typing import Any
 
 import pytest
@@ -181,3 +182,41 @@ def test_a_snapshot_holding_the_same_piece_twice_stores_it_once(thread: Thread) 
     assert len(digests) > len(set(digests)) == SnapshotChunk.objects.filter(thread=thread).count()
     storage.clear_caches()
     assert storage.state_at(written) == state
+
+
+def cut_by_the_rule(canonical: bytes) -> list[bytes]:
+    """The module docstring's rule, as directly as it reads: every `},` or `],`, in order."""
+    pieces, start = [], 0
+    for end in (i + 2 for i in range(chunks.MIN_CHUNK, len(canonical) - 1) if canonical[i : i + 2] in (b"},", b"],")):
+        if end - start < chunks.MIN_CHUNK:
+            continue
+        if end - start >= chunks.MAX_CHUNK or zlib.crc32(canonical[end - chunks.WINDOW : end]) % chunks.DIVISOR == 0:
+            while end - start > chunks.MAX_CHUNK:
+                pieces.append(canonical[start : start + chunks.MAX_CHUNK])
+                start += chunks.MAX_CHUNK
+            pieces.append(canonical[start:end])
+            start = end
+    while len(canonical) - start > chunks.MAX_CHUNK:
+        pieces.append(canonical[start : start + chunks.MAX_CHUNK])
+        start += chunks.MAX_CHUNK
+    return [*pieces, canonical[start:]]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cut_places_are_the_documented_ones_in_dense_sparse_and_placeless_stretches(seed: int) -> None:
+    rng = random.Random(seed)
+    parts: list[bytes] = []
+    while sum(map(len, parts)) < 900_000:
+        kind = rng.random()
+        if kind < 0.05:  # a stretch longer than MAX_CHUNK without a cut place
+            parts.append(b"x" * rng.randrange(chunks.MAX_CHUNK, chunks.MAX_CHUNK * 2))
+        elif kind < 0.5:  # places close together, lone brackets and commas among them
+            parts.append(bytes(rng.choice(b"}],x") for _ in range(rng.randrange(1, 4000))))
+        else:
+            parts.append(codec.to_canonical_bytes([answer(rng) for _ in range(rng.randrange(1, 40))]))
+    canonical = b"".join(parts)
+
+    pieces = chunks.cut(canonical)
+
+    assert b"".join(pieces) == canonical
+    assert pieces == cut_by_the_rule(canonical)

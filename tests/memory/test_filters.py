@@ -36,13 +36,15 @@ def test_a_whole_number_is_one_token_whether_written_as_an_integer_or_a_float() 
 
 
 def test_a_value_s_tokens_are_its_fields_down_to_the_token_depth_masked_by_namespace() -> None:
-    value = {"kind": "note", "n": 3, "owner": {"name": "al", "where": {"city": "Oslo", "deep": {"x": 1}}}}
+    where = {"city": "Oslo", "deep": {"x": 1}}
+    owner = {"name": "al", "where": where}
+    value = {"kind": "note", "n": 3, "owner": owner}
     mask = filters.namespace_mask(17)
     expected = {
         hmac_token(path, part) ^ mask
         for path, part in [
-            (("kind",), "note"), (("n",), 3), (("owner",), value["owner"]), (("owner", "name"), "al"),
-            (("owner", "where"), value["owner"]["where"]), (("owner", "where", "city"), "Oslo"),
+            (("kind",), "note"), (("n",), 3), (("owner",), owner), (("owner", "name"), "al"),
+            (("owner", "where"), where), (("owner", "where", "city"), "Oslo"),
             (("owner", "where", "deep"), {"x": 1}),
         ]
     }  # fmt: skip

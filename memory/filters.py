@@ -23,7 +23,10 @@ hides nothing: the tokens were keyed digests already.
 from __future__ import annotations
 
 import hashlib
+from functools import lru_cache
 from typing import Any
+
+import orjson
 
 from checkpoints.storage import codec
 from checkpoints.storage.jsonpatch import json_equal
@@ -48,10 +51,29 @@ def _normal(value: Any) -> Any:
 
 
 def token(path: tuple[str, ...], value: Any) -> int:
-    message = codec.to_canonical_bytes([list(path), _normal(value)])
-    return int.from_bytes(codec.keyed_digest(_DOMAIN, message)[:8], "big", signed=True)
+    return _token(codec.keyed_digest(_DOMAIN, _message(path, value)))
 
 
+def _token(digest: bytes) -> int:
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
+def _message(path: tuple[str, ...], value: Any) -> bytes:
+    """What a token digests: the canonical JSON of [path, value]. For a string, integer, boolean
+    or null under a path of strings that is orjson's output as it is (as codec.canonical_json
+    itself finds), without the walk that proves the value plain."""
+    if type(value) in _PLAIN and all(type(name) is str for name in path):
+        try:
+            return orjson.dumps((path, value))
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits, a lone surrogate: as before
+            pass
+    return codec.to_canonical_bytes([list(path), _normal(value)])
+
+
+@lru_cache(maxsize=4096)
 def namespace_mask(namespace_id: int) -> int:
     """What the tokens of a namespace's items are XORed with: as MASK_SQL computes it."""
     return int.from_bytes(
@@ -65,26 +87,29 @@ MASK_SQL = "('x' || left(md5(({})::text), 16))::bit(64)::bigint"
 
 def value_tokens(value: Any, namespace_id: int) -> list[int] | None:
     """The tokens of a value's fields in a namespace, or None when it has more than MAX_TOKENS."""
-    fields = _field_tokens(value)
-    if fields is None:
+    messages = _field_messages(value)
+    if messages is None:
         return None
+    if not messages:
+        return []
     mask = namespace_mask(namespace_id)
-    return sorted({token ^ mask for token in fields})
+    return sorted({_token(digest) ^ mask for digest in codec.keyed_digests(_DOMAIN, messages)})
 
 
-def _field_tokens(value: Any) -> list[int] | None:
+def _field_messages(value: Any) -> list[bytes] | None:
     if not isinstance(value, dict):
         return []
-    found: list[int] = []
+    found: list[bytes] = []
     pending: list[tuple[tuple[str, ...], dict[str, Any]]] = [((), value)]
     while pending:
         path, node = pending.pop()
         for name, item in node.items():
             if len(found) >= MAX_TOKENS:
                 return None
-            found.append(token((*path, name), item))
-            if isinstance(item, dict) and len(path) + 1 < TOKEN_DEPTH:
-                pending.append(((*path, name), item))
+            here = (*path, name)
+            found.append(_message(here, item))
+            if isinstance(item, dict) and len(here) < TOKEN_DEPTH:
+                pending.append((here, item))
     return found
 
 

@@ -184,7 +184,12 @@ class IndexEntry(models.Model):
     dims = models.SmallIntegerField(null=True)
 
     class Meta:
-        indexes = [GinIndex(fields=["lexemes"], name="memory_index_lexemes")]
+        indexes = [
+            GinIndex(fields=["lexemes"], name="memory_index_lexemes"),
+            # A vector search under a narrow prefix reads its namespaces' entries of the dimensions
+            # exactly (memory.selectors._near_sql), and a namespace's deletion reads them all.
+            models.Index(fields=["namespace", "dims"], name="memory_index_namespace"),
+        ]
 
     def __str__(self) -> str:
         return self.field

@@ -16,7 +16,8 @@ only way to change stored rows). The modules behind them are internal; the primi
 callers need by module are `codec` (framing and MACs, and `keyed_digest` for records outside the
 chain), `crypto` (sealing a value to its row, under a thread's key or, with `wrap_key` and
 `seal_with`, a key the caller keeps: memory's namespaces), `jsonpatch` (RFC 6902), `lru` (the one
-cache helper), `blobs` (reading an offloaded value) and `lent_connection`.
+cache helper), `blobs` (reading an offloaded value) and `lent_connection`; `kept_cursor`, the cursor
+kept with a connection that the engine's hottest statements run on, runs memory's put too.
 
 It must not import views, templates or presentation (`checkpoints.views`, `diffview`,
 `timeline`, `svg`), nor approvals or agents beyond `quicksave_agents.fencing` (the lease check its
@@ -25,6 +26,7 @@ append statement embeds) and the `Agent` model a thread belongs to.
 
 from checkpoints.storage.append import append_checkpoint
 from checkpoints.storage.branches import MAIN_BRANCH, branch_head, get_branch_name
+from checkpoints.storage.cursors import kept_cursor
 from checkpoints.storage.errors import (
     IntegrityFailure,
     InvalidPatch,
@@ -111,6 +113,7 @@ __all__ = [
     "events_after",
     "get_branch_name",
     "get_tool_result",
+    "kept_cursor",
     "latest_state",
     "load_node",
     "mac_fields",

@@ -245,17 +245,28 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
 
 
+# HMAC's pads (RFC 2104), as translation tables of a key's bytes.
+_INNER_PAD = bytes(byte ^ 0x36 for byte in range(256))
+_OUTER_PAD = bytes(byte ^ 0x5C for byte in range(256))
+
+
 @lru_cache(maxsize=8)
-def _keyed_mac(secret: str, domain: bytes) -> hmac.HMAC:
-    """An HMAC-SHA256 already keyed for integrity MACs, to copy for each message: a copy skips
-    OpenSSL's lookup of the digest by name and the keying that hmac.digest does every call."""
-    return hmac.new(_mac_key(secret, domain), digestmod=hashlib.sha256)
+def _keyed_mac(secret: str, domain: bytes) -> tuple[Any, Any]:
+    """HMAC-SHA256 already keyed for integrity MACs, as RFC 2104 builds it: SHA-256 states that
+    have hashed the key's inner and outer pads, to copy for each message. Two copies of a plain
+    SHA-256 state cost a third less than a copy of an `hmac` object (OpenSSL 3 copies three
+    digest contexts), and the MACs are the same bytes `hmac` makes."""
+    padded = _mac_key(secret, domain).ljust(hashlib.sha256().block_size, b"\0")  # 32 bytes: never hashed first
+    return hashlib.sha256(padded.translate(_INNER_PAD)), hashlib.sha256(padded.translate(_OUTER_PAD))
 
 
 def _digest(domain: bytes, message: bytes) -> bytes:
-    mac = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain).copy()
-    mac.update(message)
-    return mac.digest()
+    inner, outer = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain)
+    inner = inner.copy()
+    inner.update(message)
+    outer = outer.copy()
+    outer.update(inner.digest())
+    return bytes(outer.digest())
 
 
 def keyed_digest(domain: bytes, message: bytes) -> bytes:
@@ -263,6 +274,19 @@ def keyed_digest(domain: bytes, message: bytes) -> bytes:
     integrity MAC of a record kept outside the checkpoint chain (a memory item's versions). Each
     kind of record names its own domain, so a MAC made for one never verifies as another's."""
     return _digest(domain, message)
+
+
+def keyed_digests(domain: bytes, messages: list[bytes]) -> list[bytes]:
+    """`keyed_digest` of each message, the key looked up once."""
+    inner, outer = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain)
+    digests = []
+    for message in messages:
+        hashed = inner.copy()
+        hashed.update(message)
+        mac = outer.copy()
+        mac.update(hashed.digest())
+        digests.append(mac.digest())
+    return digests
 
 
 def _message(

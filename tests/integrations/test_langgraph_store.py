@@ -4,6 +4,7 @@ filters, namespaces, TTL, agent scoping, and search by meaning (pgvector) or by 
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from typing import Any, TypedDict
 
@@ -252,6 +253,31 @@ def test_with_pgvector_a_search_under_one_namespace_finds_its_items_when_the_nea
     assert sorted(item.key for item in found) == ["a", "b", "c"]
     scores = [item.score for item in found]
     assert scores == sorted(scores, reverse=True)  # type: ignore[type-var]
+
+
+@pytest.mark.pgvector
+def test_with_pgvector_a_search_under_one_namespace_reads_only_its_entries_by_index() -> None:
+    store = QuicksaveStore(index=by_letters(Letters()))
+    store.setup()
+    for n in range(60):
+        store.put(("zoo",), f"z{n}", {"text": "zebra " + "z" * n})
+    store.put(("docs",), "a", {"text": "zany cat"})
+    plans: list[str] = []
+
+    def explain(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if "candidates AS MATERIALIZED" in sql:
+            context["cursor"].cursor.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            plans.append(json.dumps(context["cursor"].cursor.fetchone()[0]))
+        return execute(sql, params, many, context)
+
+    # As on a large table, where reading every entry costs more than an index's few.
+    with transaction.atomic(), connection.cursor() as cursor, connection.execute_wrapper(explain):
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        assert [item.key for item in store.search(("docs",), query="zebra", limit=3)] == ["a"]
+
+    # The exact branch (a narrow prefix: the index's nearest entries are all elsewhere) finds the
+    # namespace's entries by its index, not by reading the table's.
+    assert len(plans) == 1 and '"Index Name": "memory_index_namespace"' in plans[0]
 
 
 @pytest.mark.pgvector

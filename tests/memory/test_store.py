@@ -236,6 +236,25 @@ def test_a_snapshot_sends_its_sealed_value_once_and_the_version_keeps_the_same_b
     assert sent.count(sealed.hex()) == 1
 
 
+def test_consecutive_puts_run_on_one_kept_cursor(django_capture_on_commit_callbacks: Any) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1}, key="warm-up")  # the namespace, made and remembered once committed
+    cursors: list[Any] = []
+
+    def record(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if "memory_itemversion" in sql:
+            cursors.append(context["cursor"])
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        put({"v": 1}, key="a")
+        put({"v": 1}, key="b")
+        put({"v": 2}, key="a")
+
+    assert len(cursors) == 3
+    assert cursors[0] is cursors[1] is cursors[2]
+
+
 def test_a_put_of_an_item_another_process_wrote_continues_its_chain() -> None:
     put({"v": 1})
     put({"v": 2})

@@ -474,9 +474,9 @@ def _execute(
     parts.append(
         " SELECT (SELECT count(*) FROM version), EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s)"
     )
-    # The engine's kept cursor: a new one looks up again the dumper of each of some thirty
-    # parameters and the prepared statement (memory.store's puts are the hottest writes here).
-    cursor = kept_cursor()
+    # A kept cursor of its own (storage.kept_cursor): a new one looks up again the dumper of each of
+    # some thirty parameters and the prepared statement (memory.store's puts are the hottest writes here).
+    cursor = kept_cursor("memory-put")
     cursor.execute("".join(parts), params)
     written, namespace_exists = cursor.fetchone()
     if not namespace_exists:

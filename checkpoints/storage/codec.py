@@ -261,12 +261,16 @@ def _keyed_mac(secret: str, domain: bytes) -> tuple[Any, Any]:
 
 
 def _digest(domain: bytes, message: bytes) -> bytes:
-    inner, outer = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain)
-    inner = inner.copy()
+    return _mac(_keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain), message)
+
+
+def _mac(keyed: tuple[Any, Any], message: bytes) -> bytes:
+    """HMAC-SHA256 of `message` from `_keyed_mac`'s two keyed states (RFC 2104)."""
+    inner, outer = keyed[0].copy(), keyed[1].copy()
     inner.update(message)
-    outer = outer.copy()
     outer.update(inner.digest())
-    return bytes(outer.digest())
+    digest: bytes = outer.digest()
+    return digest
 
 
 def keyed_digest(domain: bytes, message: bytes) -> bytes:
@@ -278,15 +282,8 @@ def keyed_digest(domain: bytes, message: bytes) -> bytes:
 
 def keyed_digests(domain: bytes, messages: list[bytes]) -> list[bytes]:
     """`keyed_digest` of each message, the key looked up once."""
-    inner, outer = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain)
-    digests = []
-    for message in messages:
-        hashed = inner.copy()
-        hashed.update(message)
-        mac = outer.copy()
-        mac.update(hashed.digest())
-        digests.append(mac.digest())
-    return digests
+    keyed = _keyed_mac(settings.QUICKSAVE_INTEGRITY_KEY, domain)
+    return [_mac(keyed, message) for message in messages]
 
 
 def _message(

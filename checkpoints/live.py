@@ -24,9 +24,9 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Coroutine, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 from uuid import UUID
 
 import redis
@@ -40,6 +40,7 @@ from opentelemetry.trace import SpanKind
 from quicksave import metrics, telemetry
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 INBOX_GROUP = "inbox"
 # The thread list's group: the ids of the threads that had events (at most every THREADS_INTERVAL_SECONDS).
@@ -47,8 +48,11 @@ THREADS_GROUP = "threads"
 _THREAD_GROUP_PREFIX = "thread."
 INBOX_TYPES = frozenset({"approval.requested", "approval.voted", "approval.escalated", "approval.decided"})
 CHECKPOINT_CREATED = "checkpoint.created"
-# At most this many queued events go out in one publisher round.
-BATCH = 200
+# At most this many queued events go out in one publisher round. A round costs about one send's time
+# however many events and groups it carries (its sends run together), so a publisher that fell
+# behind takes its whole backlog in the next round or two rather than a few hundred events a round:
+# with 200 a round, a server of 200 busy threads fell behind by ~25 events a second, for good.
+BATCH = 5000
 # A round waits this long after its first event for more to join it: a writer appending
 # hundreds of checkpoints a second then costs the publisher (and the GIL it shares with the
 # writer) one round per few events, for a delay no one watching a page can see.
@@ -176,7 +180,7 @@ class _Publisher:
             batches: dict[str, list[_Queued]] = {}
             for item in self._drain():
                 if _AS_IS in item.payload:
-                    self._send(get_channel_layer(), item.group, item.payload[_AS_IS], own_loop)
+                    self._send(get_channel_layer(), {item.group: item.payload[_AS_IS]}, own_loop)
                     continue
                 flushed = item.payload.get("__flush__")
                 if flushed is None:
@@ -206,28 +210,20 @@ class _Publisher:
     def _send_all(
         self, batches: dict[str, list[_Queued]], own_loop: asyncio.AbstractEventLoop, *, flushing: bool = False
     ) -> None:
-        """Send a round's messages, one per group, then the thread list's if it is due (or flushing)."""
+        """Send a round's messages, one per group, then the thread list's if it is due (or flushing):
+        all of them at once, in one trip to the server's loop, so a round costs about one send's time
+        however many groups it has."""
         layer = get_channel_layer() if batches or self._changed else None
         if layer is None:
             return
+        messages: dict[str, dict[str, Any]] = {}
         for group, items in batches.items():
             events = [item.payload for item in items]
-            message: dict[str, Any] = (
+            messages[group] = (
                 {"type": "live.event", "event": events[0]}
                 if len(events) == 1
                 else {"type": "live.events", "events": events}
             )
-            traces = [item.trace for item in items if item.trace]
-            with telemetry.span("quicksave.live.publish", carrier=traces[0] if traces else None, links=traces[1:],
-                                kind=SpanKind.PRODUCER, attributes={"quicksave.events": len(events)}):  # fmt: skip
-                if traces:
-                    # The sockets' server process continues the trace under this send (EventConsumer.dispatch).
-                    message["trace"] = telemetry.current_carrier()
-                sent = self._send(layer, group, message, own_loop)
-            if sent:
-                now = time.monotonic()
-                for item in items:
-                    metrics.live_publish_lag_seconds.observe(now - item.committed)
         self._changed.update(
             items[0].payload["thread"] for group, items in batches.items() if group.startswith(_THREAD_GROUP_PREFIX)
         )
@@ -236,49 +232,77 @@ class _Publisher:
             # One message tells the thread list which of its rows may have changed since the last.
             changed, self._changed = sorted(self._changed), set()
             self._threads_due = now + THREADS_INTERVAL_SECONDS
-            self._send(layer, THREADS_GROUP, {"type": "live.threads", "threads": changed}, own_loop)
+            messages[THREADS_GROUP] = {"type": "live.threads", "threads": changed}
+        traces = [item.trace for items in batches.values() for item in items if item.trace]
+        queued = sum(map(len, batches.values()))
+        with telemetry.span("quicksave.live.publish", carrier=traces[0] if traces else None, links=traces[1:],
+                            kind=SpanKind.PRODUCER, attributes={"quicksave.events": queued}):  # fmt: skip
+            if traces:
+                # The sockets' server process continues the trace under this send (EventConsumer.dispatch).
+                carrier = telemetry.current_carrier()
+                for group in batches:
+                    messages[group]["trace"] = carrier
+            sent = self._send(layer, messages, own_loop)
+        now = time.monotonic()
+        for group, items in batches.items():
+            if group in sent:
+                for item in items:
+                    metrics.live_publish_lag_seconds.observe(now - item.committed)
 
     @staticmethod
-    def _send(layer: Any, group: str, message: dict[str, Any], own_loop: asyncio.AbstractEventLoop) -> bool:
-        """Send `message` to `group`; False (logged, counted) when the channel layer failed."""
-        if layer is None:
-            return False
-        if not _listened(layer, group):
-            return True  # nobody to tell: a socket that joins later replays it from the table
-        send = layer.group_send(group, message)
-        try:
-            server_loop = _server_loop
-            if server_loop is not None and server_loop.is_running():
-                _wait_for(asyncio.run_coroutine_threadsafe(send, server_loop), server_loop, group)
+    def _send(layer: Any, messages: dict[str, dict[str, Any]], own_loop: asyncio.AbstractEventLoop) -> set[str]:
+        """Send each group its message, concurrently; the groups whose send did not fail (logged,
+        counted). A group no socket listens to is not sent to, and counts as sent."""
+        if layer is None or not messages:
+            return set()
+        heard = _listened(layer, list(messages))
+        groups = [group for group in messages if group in heard]
+        results: list[BaseException | None] = []
+        if groups:
+            sends = _gather(layer.group_send(group, messages[group]) for group in groups)
+            try:
+                server_loop = _server_loop
+                if server_loop is not None and server_loop.is_running():
+                    results = _wait_for(asyncio.run_coroutine_threadsafe(sends, server_loop), server_loop, groups)
+                else:
+                    results = own_loop.run_until_complete(sends)
+            except Exception as stopped:  # the server's loop stopped under the sends
+                results = [stopped] * len(groups)
+        failed: set[str] = set()
+        for group, error in zip(groups, results, strict=True):
+            if error is None:
+                continue
+            failed.add(group)
+            metrics.live_publish_failures_total.inc()
+            if isinstance(error, redis.RedisError):  # Redis down: clients catch up from the Event table
+                layer_outage.began(error)
             else:
-                own_loop.run_until_complete(send)
-        except redis.RedisError as error:  # Redis down: clients catch up from the Event table
-            metrics.live_publish_failures_total.inc()
-            layer_outage.began(error)
-        except Exception:
-            metrics.live_publish_failures_total.inc()
-            log.warning("could not publish to %s", group, exc_info=True)
-        else:
+                log.warning("could not publish to %s", group, exc_info=error)
+        if groups and len(failed) < len(groups):
             layer_outage.ended()
-            return True
-        return False
+        return set(messages) - failed
 
 
-def _wait_for(sent: concurrent.futures.Future[Any], loop: asyncio.AbstractEventLoop, group: str) -> None:
+async def _gather(sends: Iterable[Coroutine[Any, Any, None]]) -> list[BaseException | None]:
+    """Run the sends together; each one's exception, or None."""
+    results = await asyncio.gather(*sends, return_exceptions=True)
+    return [result if isinstance(result, BaseException) else None for result in results]
+
+
+def _wait_for(sent: concurrent.futures.Future[T], loop: asyncio.AbstractEventLoop, groups: Sequence[str]) -> T:
     """Wait for a send the server's loop runs, however busy that loop is, unless it stops running.
 
     A loop that takes longer than SLOW_SEND_SECONDS (a server short of CPU) is not a failed send:
     giving up would log an error for a message that still goes out, and let the next overtake it.
     """
     try:
-        sent.result(timeout=SLOW_SEND_SECONDS)
-        return
+        return sent.result(timeout=SLOW_SEND_SECONDS)
     except TimeoutError:
-        log.warning("the server's event loop has not sent to %s in %.0f s; waiting for it", group, SLOW_SEND_SECONDS)
+        named = ", ".join(groups[:3]) + (f" and {len(groups) - 3} more groups" if len(groups) > 3 else "")
+        log.warning("the server's event loop has not sent to %s in %.0f s; waiting for it", named, SLOW_SEND_SECONDS)
     while True:
         try:
-            sent.result(timeout=SLOW_SEND_SECONDS)
-            return
+            return sent.result(timeout=SLOW_SEND_SECONDS)
         except TimeoutError:
             if not loop.is_running():
                 sent.cancel()
@@ -333,15 +357,20 @@ def not_listening(groups: Collection[str], channel: str, *, layer: Any) -> None:
         pipe.execute()
 
 
-def _listened(layer: Any, group: str) -> bool:
-    """False only when no socket listens to `group`; any doubt (another layer, Redis failing) says yes."""
+def _listened(layer: Any, groups: Sequence[str]) -> set[str]:
+    """Which of `groups` some socket listens to, asked in one round trip; any doubt (another layer,
+    Redis failing) says all of them."""
     if not _registry_in_use(layer):
-        return True
+        return set(groups)
+    since = time.time() - layer.group_expiry
     try:
-        since = time.time() - layer.group_expiry
-        return bool(_listening_redis(settings.REDIS_URL).zcount(_listening_key(group), since, "+inf"))
+        with _listening_redis(settings.REDIS_URL).pipeline(transaction=False) as pipe:
+            for group in groups:
+                pipe.zcount(_listening_key(group), since, "+inf")
+            counts = pipe.execute()
     except redis.RedisError:
-        return True
+        return set(groups)
+    return {group for group, count in zip(groups, counts, strict=True) if count}
 
 
 _publisher = _Publisher()

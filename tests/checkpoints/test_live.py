@@ -41,6 +41,54 @@ def test_events_queued_during_the_linger_go_out_in_the_same_round(monkeypatch: p
     assert rounds == [{"thread.a": [1, 2], "thread.b": [1]}]
 
 
+def test_a_publisher_that_fell_behind_sends_its_whole_backlog_in_the_next_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(live, "LINGER_SECONDS", 0.0)
+    publisher = live._Publisher()
+    rounds: list[int] = []
+    first_round_sending, backlog_queued = threading.Event(), threading.Event()
+
+    def record(batches: dict[str, list[Any]], own_loop: Any, **_: Any) -> None:
+        if batches:
+            rounds.append(sum(map(len, batches.values())))
+            first_round_sending.set()
+            backlog_queued.wait(10)  # a slow send: everything below queues up meanwhile
+
+    monkeypatch.setattr(publisher, "_send_all", record)
+    publisher.send("thread.0", {"seq": 1})
+    assert first_round_sending.wait(10)
+    for n in range(1000):  # 1,000 events of 500 threads
+        publisher.send(f"thread.{n % 500}", {"seq": 2 + n // 500})
+    backlog_queued.set()
+    publisher.flush()
+
+    assert rounds == [1, 1000]
+
+
+def test_a_rounds_sends_to_its_groups_are_all_under_way_at_once() -> None:
+    layer = InMemoryChannelLayer()
+    groups = [f"thread.{n}" for n in range(20)]
+    in_flight, most = 0, 0
+
+    async def slow_send(group: str, message: dict[str, Any]) -> None:
+        nonlocal in_flight, most
+        in_flight += 1
+        most = max(most, in_flight)
+        await asyncio.sleep(0.01)  # a Redis round trip, as the sends of one round take it together
+        in_flight -= 1
+
+    layer.group_send = slow_send  # type: ignore[method-assign]
+    own_loop = asyncio.new_event_loop()
+    try:
+        sent = live._Publisher._send(layer, {group: {"type": "live.event", "n": 1} for group in groups}, own_loop)
+    finally:
+        own_loop.close()
+
+    assert sent == set(groups)
+    assert most == len(groups)
+
+
 class _Recorder:
     """Stands in for the channel layer's sends: what the publisher sent, to which group, in order."""
 
@@ -48,10 +96,10 @@ class _Recorder:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self._lock = threading.Lock()
 
-    def __call__(self, layer: Any, group: str, message: dict[str, Any], own_loop: Any) -> bool:
+    def __call__(self, layer: Any, messages: dict[str, dict[str, Any]], own_loop: Any) -> set[str]:
         with self._lock:
-            self.sent.append((group, message))
-        return True
+            self.sent.extend(messages.items())
+        return set(messages)
 
     def to(self, group: str) -> list[dict[str, Any]]:
         with self._lock:
@@ -126,7 +174,7 @@ def test_a_send_the_busy_server_loop_runs_late_is_waited_for_not_logged_as_faile
         sent: list[bool] = []
         own_loop = asyncio.new_event_loop()
         message = {"type": "live.event", "n": 1}
-        send = functools.partial(live._Publisher._send, layer, "thread.x", message, own_loop)
+        send = functools.partial(live._Publisher._send, layer, {"thread.x": message}, own_loop)
         publisher = threading.Thread(target=lambda: sent.append(send()))
         publisher.start()
         wait_until(lambda: "waiting for it" in caplog.text, what="the slow send to be noticed")
@@ -138,7 +186,7 @@ def test_a_send_the_busy_server_loop_runs_late_is_waited_for_not_logged_as_faile
         server.join(timeout=5)
         server_loop.close()
 
-    assert sent == [True]
+    assert sent == [{"thread.x"}]
     assert received["n"] == 1
     assert not [record for record in caplog.records if record.exc_info]
 
@@ -191,3 +239,27 @@ def test_the_publisher_sends_to_a_thread_only_while_a_socket_listens_to_it(redis
     finally:
         redis_layer.group_send = group_send
         socket_loop.close()
+
+
+def test_a_group_whose_send_fails_is_not_counted_as_sent_and_the_others_still_go(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    layer = InMemoryChannelLayer()
+    delivered: list[str] = []
+
+    async def send(group: str, message: dict[str, Any]) -> None:
+        if group == "thread.bad":
+            raise ValueError("this group's message cannot be sent")
+        delivered.append(group)
+
+    layer.group_send = send  # type: ignore[method-assign]
+    own_loop = asyncio.new_event_loop()
+    try:
+        sent = live._Publisher._send(layer, {g: {"type": "live.event"} for g in ("thread.a", "thread.bad", "thread.b")},
+                                     own_loop)  # fmt: skip
+    finally:
+        own_loop.close()
+
+    assert sent == {"thread.a", "thread.b"}
+    assert sorted(delivered) == ["thread.a", "thread.b"]
+    assert "could not publish to thread.bad" in caplog.text

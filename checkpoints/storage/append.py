@@ -51,7 +51,7 @@ from checkpoints.storage.errors import (
     NotFound,
     StaleParent,
 )
-from checkpoints.storage.nodes import Node, states
+from checkpoints.storage.nodes import Node, keep_head, states
 from checkpoints.storage.payloads import offloaded, seal_payload
 from checkpoints.storage.reads import load_node, needs_snapshot
 from checkpoints.storage.threads import checkpoint_event
@@ -189,14 +189,12 @@ def append_checkpoint(
         with transaction.atomic() if tool_results else contextlib.nullcontext():
             if not _append(params):
                 raise _refused(params, branch_name=branch_name, fence=fence)
-            # The new head takes its parent's place when both are on one branch: appends need only
-            # a branch's head, and a writing process would otherwise keep every state it wrote.
-            states.remember(
-                checkpoint_id,
+            # Appends need only a branch's head: the new one takes the place of the old.
+            keep_head(
                 Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
                      state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
                      integrity=integrity),
-                replacing=parent_id if same_branch else None,
+                parent_id=parent_id if same_branch else None,
             )  # fmt: skip
             params["metadata"] = fields["metadata"]
             checkpoint = Checkpoint.from_db(DEFAULT_DB_ALIAS, _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])

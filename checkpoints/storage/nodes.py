@@ -4,9 +4,10 @@ A checkpoint's state never changes, so a cached node only saves the replay of de
 whose row compaction rewrote is noticed by its MAC and dropped (see `reads` and `append`).
 The cache is bounded by the total size of the states it holds plus what keeping each costs
 besides (QUICKSAVE_STATE_CACHE_BYTES), and a node written in a transaction is kept only once that
-transaction commits (`lru`). An append's node takes its parent's place when both are on one branch
-(`append`), so a thread written step after step holds one node here, its head, and what else the
-cache holds is what readers asked for.
+transaction commits (`lru`). An append's node takes the place of its parent and of the head this
+process kept for its branch before (`keep_head`), so a branch written step after step holds one
+node here, its head, even when other processes wrote some of its steps; what else the cache holds
+is what readers asked for.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
+from django.db import connection, transaction
 
 from checkpoints.storage.lru import LRU
 
@@ -53,6 +55,27 @@ def _budget() -> int:
 
 
 states: LRU[UUID, Node] = LRU(_budget, weigh=weight)
+# The node this process last kept as each branch's head, by (thread, branch id).
+_heads: LRU[tuple[UUID, int], UUID] = LRU(100_000)
+
+
+def keep_head(node: Node, *, parent_id: UUID | None) -> None:
+    """Keep an appended node once the caller's transaction commits, in place of its parent (when on
+    its branch) and of the head this process kept for its branch before: servers that share an
+    agent's writes round-robin would otherwise each keep every state they wrote, since the parent
+    of what one writes is nearly always the other's."""
+
+    def keep() -> None:
+        branch = (node.thread_id, node.branch_id)
+        states.put(node.id, node, replacing=_heads.get(branch))
+        _heads.put(branch, node.id)
+        if parent_id is not None:
+            states.drop(parent_id)
+
+    if connection.in_atomic_block:
+        transaction.on_commit(keep)
+    else:
+        keep()
 
 
 def drop_thread(thread_id: UUID) -> None:

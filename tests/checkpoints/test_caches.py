@@ -4,6 +4,9 @@ request threads, and never holding what a rolled-back transaction wrote."""
 from __future__ import annotations
 
 import gc
+import os
+import subprocess
+import sys
 import threading
 import tracemalloc
 import uuid
@@ -19,6 +22,7 @@ from checkpoints.storage import branches
 from checkpoints.storage.lru import LRU
 from checkpoints.storage.nodes import states
 from quicksave_agents.models import Agent
+from tests.processes import ROOT, database_url
 
 
 class RolledBack(Exception):
@@ -179,6 +183,46 @@ def test_a_thread_written_step_after_step_keeps_only_its_head_in_the_cache(agent
     older = Checkpoint.objects.get(thread=thread, seq=10)
     assert storage.state_at(older.pk) == {"messages": [f"step {n}" for n in range(1, 10)]}
     assert _nodes_of(thread.pk) == {head.pk, older.pk}
+
+
+# Another process appending to a thread: each line in is a parent's id, each line out its child's.
+_OTHER_WRITER = """
+import sys, django
+django.setup()
+from checkpoints import storage
+from checkpoints.models import Checkpoint
+for line in sys.stdin:
+    parent = Checkpoint.objects.select_related("thread").get(pk=line.strip())
+    child = storage.append_checkpoint(thread=parent.thread, parent=parent, patch=[
+        {"op": "add", "path": "/messages/-", "value": "from the other process"}])
+    print(child.pk, flush=True)
+"""
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_process_keeps_one_head_a_branch_while_another_process_writes_every_other_step(agent: Agent) -> None:
+    # Two servers sharing an agent's writes round-robin: the parent of what one writes is the other's,
+    # so taking the parent's place alone left each server every state it wrote (bench/load.py's soak).
+    env = {**os.environ, "DATABASE_URL": database_url(), "DJANGO_SETTINGS_MODULE": "quicksave.settings"}
+    other = subprocess.Popen([sys.executable, "-c", _OTHER_WRITER], cwd=ROOT, env=env, text=True,
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # fmt: skip
+    assert other.stdin is not None and other.stdout is not None
+    try:
+        thread = storage.create_thread(agent=agent)[0]
+        head = storage.append_checkpoint(thread=thread, parent=None, state={"messages": []})
+        for n in range(4):
+            other.stdin.write(f"{head.pk}\n")
+            other.stdin.flush()
+            theirs = Checkpoint.objects.get(pk=other.stdout.readline().strip())
+            head = storage.append_checkpoint(thread=thread, parent=theirs, patch=[
+                {"op": "add", "path": "/messages/-", "value": f"from this process, {n}"}])  # fmt: skip
+    finally:
+        other.stdin.close()
+        other.wait(timeout=60)
+
+    assert head.seq == 9  # the first and eight appends, four by each process
+    assert _nodes_of(thread.pk) == {head.pk}
+    assert storage.latest_state(thread=thread)[1]["messages"][-2:] == ["from the other process", "from this process, 3"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from approvals.services import expire_due
+from checkpoints import storage
 from quicksave import logs, telemetry
 from quicksave.listen import Listener
 from quicksave_agents import runtime
@@ -168,6 +169,9 @@ class Worker:
             beat.stopped.set()
             self._finish(run, RunStatus.FAILED, f"{type(exc).__name__}: {exc}")
             return
+        finally:
+            # The thread's next run may be hours away or on another worker: keep no state of it here.
+            storage.release_thread(run.thread_id)
         beat.stopped.set()
         if outcome == "lease_lost" and self.stopping.is_set() and beat.held():
             self._hand_back(run)

@@ -52,6 +52,7 @@ from checkpoints.storage.reads import (
     latest_state,
     load_node,
     needs_snapshot,
+    release_thread,
     state_at,
     states_along,
 )
@@ -123,6 +124,7 @@ __all__ = [
     "put_tool_result",
     "put_tool_results",
     "record_event",
+    "release_thread",
     "rewrite_chain",
     "set_thread_status",
     "start_branch",

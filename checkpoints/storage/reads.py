@@ -25,7 +25,7 @@ from checkpoints.storage.errors import (
     NotFound,
 )
 from checkpoints.storage.jsonpatch import PatchError, apply_patch, make_patch
-from checkpoints.storage.nodes import Node, states
+from checkpoints.storage.nodes import Node, drop_thread, states
 from checkpoints.storage.payloads import Row, decode_payload, offloaded, open_payload, verify_row
 
 log = logging.getLogger(__name__)
@@ -341,6 +341,14 @@ def clone(value: Any) -> Any:
     if isinstance(value, list):
         return [clone(item) if isinstance(item, (dict, list)) else item for item in value]
     return value
+
+
+def release_thread(thread_id: UUID) -> None:
+    """Drop this process's cached states of a thread it is done with for now (a worker, once a run of
+    the thread ends): a process that runs one agent after another then holds the states of the runs
+    in hand, not the head of every thread it ever ran until the cache's budget is full. The next
+    reader of the thread reads its branch's materialised head."""
+    drop_thread(thread_id)
 
 
 def clear_caches() -> None:

@@ -12,6 +12,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
+from checkpoints.storage import nodes
 from quicksave.roles import grant_role
 from quicksave_agents import runtime
 from quicksave_agents.demo import CodeReviewAgent, MigrationAgent, TravelAgent
@@ -198,3 +199,15 @@ def test_a_run_stops_without_committing_when_its_thread_is_cancelled_mid_step(
     labels = list(Checkpoint.objects.filter(thread=thread).order_by("seq").values_list("label", flat=True))
     assert labels[-2:] == ["count 1", "count 2"]  # step 3's result was not written
     assert Run.objects.get(thread=thread).status == RunStatus.CANCELLED
+
+
+@pytest.mark.django_db(transaction=True)  # the cache keeps a written state once its transaction commits
+def test_a_worker_keeps_no_cached_state_of_a_thread_once_its_run_ends(ledger: Path) -> None:
+    thread = start_thread(agent_class=TravelAgent, external_id="trip", destination="FCO")
+
+    drain()
+
+    thread.refresh_from_db()
+    assert thread.status == ThreadStatus.WAITING_FOR_APPROVAL  # its run ended at the approval
+    written = Checkpoint.objects.filter(thread=thread).values_list("pk", flat=True)
+    assert written and not [pk for pk in written if nodes.states.get(pk) is not None]

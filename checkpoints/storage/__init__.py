@@ -24,7 +24,7 @@ It must not import views, templates or presentation (`checkpoints.views`, `diffv
 append statement embeds) and the `Agent` model a thread belongs to.
 """
 
-from checkpoints.storage.append import append_checkpoint
+from checkpoints.storage.append import append_checkpoint, append_checkpoint_id
 from checkpoints.storage.branches import MAIN_BRANCH, branch_head, get_branch_name
 from checkpoints.storage.cursors import kept_cursor
 from checkpoints.storage.errors import (
@@ -100,6 +100,7 @@ __all__ = [
     "ValueChange",
     "add_tool_results",
     "append_checkpoint",
+    "append_checkpoint_id",
     "branch_head",
     "clear_caches",
     "clone",

@@ -78,6 +78,26 @@ def kept_cursor(role: str = "") -> CursorWrapper:
     return wrapper
 
 
+@contextlib.contextmanager
+def unprepared(wrapper: CursorWrapper) -> Iterator[CursorWrapper]:
+    """Run the block's statements on `wrapper` without preparing them: the server plans each
+    execution with its parameters and the tables' statistics of the moment.
+
+    For a statement whose good plan depends on how large a table has grown: psycopg prepares a
+    statement once it has run `prepare_threshold` times, and PostgreSQL then settles on a generic
+    plan, which a connection the process keeps for its whole life keeps too. One made while the
+    tables were young (a new installation, a table just emptied) stays the plan of a table of a
+    few rows. The connection's other statements stay prepared.
+    """
+    driver = wrapper.cursor.connection  # the psycopg connection under Django's cursor
+    threshold = driver.prepare_threshold
+    driver.prepare_threshold = None  # psycopg's public switch: None prepares nothing
+    try:
+        yield wrapper
+    finally:
+        driver.prepare_threshold = threshold
+
+
 def _set_up(wrapper: CursorWrapper, *, json: bool) -> None:
     driver = wrapper.cursor  # the psycopg cursor Django wraps
     driver.format = pq.Format.BINARY

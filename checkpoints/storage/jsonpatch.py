@@ -275,7 +275,8 @@ def _unescape(token: str) -> str:
     return token.replace("~1", "/").replace("~0", "~")
 
 
-def _escape(token: str) -> str:
+def escape_token(token: str) -> str:
+    """A member name as one reference token of a JSON pointer (RFC 6901: ~ and / escaped)."""
     if "~" in token or "/" in token:
         return token.replace("~", "~0").replace("/", "~1")
     return token
@@ -297,7 +298,7 @@ def format_pointer(tokens: Sequence[str | int]) -> str:
     for token in tokens:
         if isinstance(token, bool) or not isinstance(token, (str, int)):
             raise TypeError(f"pointer tokens must be str or int, not {type(token).__name__}")
-        parts.append("/" + (_escape(token) if isinstance(token, str) else str(token)))
+        parts.append("/" + (escape_token(token) if isinstance(token, str) else str(token)))
     return "".join(parts)
 
 
@@ -681,15 +682,15 @@ def _diff_dict(a: dict[str, Any], b: dict[str, Any], path: str, ops: list[Op]) -
         return
     for key in a:
         if key not in b:
-            ops.append({"op": "remove", "path": f"{path}/{_escape(key)}"})
+            ops.append({"op": "remove", "path": f"{path}/{escape_token(key)}"})
     for key, new in b.items():
         old = a.get(key, _MISSING)
         if old is new:
             continue
         if old is _MISSING:
-            ops.append({"op": "add", "path": f"{path}/{_escape(key)}", "value": new})
+            ops.append({"op": "add", "path": f"{path}/{escape_token(key)}", "value": new})
         else:
-            _diff(old, new, f"{path}/{_escape(key)}", ops)
+            _diff(old, new, f"{path}/{escape_token(key)}", ops)
 
 
 def _diff_list(a: list[Any], b: list[Any], path: str, ops: list[Op]) -> None:

@@ -7,7 +7,7 @@ Mapping:
   (`langgraph` by default). Its `external_id` is the thread id, plus `#<ns>` for a subgraph;
   its metadata `{"langgraph": {"thread_id", "checkpoint_ns"}}` finds every namespace of a
   LangGraph thread through the thread metadata index.
-- One LangGraph checkpoint is one Quicksave checkpoint, written by `storage.append_checkpoint`.
+- One LangGraph checkpoint is one Quicksave checkpoint, written by `storage.append_checkpoint_id`.
   Its state is the LangGraph checkpoint with JSON-safe channel values: a value that is plain
   JSON is stored as is (so a growing `messages` list is a delta of the appended items), lists
   and string-keyed dicts are walked, and anything else (LangChain messages, tuples, bytes…)
@@ -99,7 +99,7 @@ from checkpoints.ids import new_id
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
 from checkpoints.storage import codec, cursors, lent_connection
 from checkpoints.storage.errors import InvalidPatch, NotFound, StaleParent
-from checkpoints.storage.jsonpatch import format_pointer, make_patch
+from checkpoints.storage.jsonpatch import escape_token, format_pointer, make_patch
 from checkpoints.storage.tool_results import add_tool_results, put_tool_result
 from integrations.langgraph import interrupts
 from quicksave_agents.fencing import Fence
@@ -132,10 +132,12 @@ PLAIN = frozenset({str, int, float, bool, type(None)})
 
 # LangGraph reads a thread's newest checkpoint before every run. One statement finds the thread,
 # the checkpoint and its pending writes: building the query with the ORM would take longer than
-# running it. It is planned each time (not prepared): a plan made while the thread was young
-# (PostgreSQL's generic plan, made at the sixth run) joined the pending writes by thread alone
-# and filtered them by checkpoint, reading every write the thread ever made (3.5 ms a read at
-# 2,000 steps, against 0.06 ms to run and about 0.2 ms to plan afresh).
+# running it. It is planned each time (`cursors.unprepared`): a plan made while the tables were
+# young (PostgreSQL's generic plan, made once psycopg prepares the statement at its sixth run, and
+# kept by a lent connection for the process's life) sorted every checkpoint of the thread to find
+# the newest and joined the pending writes by thread alone, reading every write the thread ever
+# made: 1.2 ms a read at 320 steps of bench/langgraph.py, growing with the thread, against 0.06 ms
+# to run and about 0.2 ms to plan afresh (docs/langgraph-benchmark.md, 2026-11-26 21:20).
 _CHECKPOINT_SQL = """
 SELECT cp.id, t.id, cp.metadata, w.key, w.result FROM checkpoints_thread t
 CROSS JOIN LATERAL (
@@ -381,9 +383,11 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             "lg_id": lg_id, "write_tool": write_tool(""),
         }  # fmt: skip
         # On a kept cursor, as the store's appends: a new cursor each read cost a tenth of the
-        # read's instructions. Its results are binary: the metadata comes back parsed.
+        # read's instructions. Its results are binary: the metadata comes back parsed. Planned
+        # each time, never prepared (see _CHECKPOINT_SQL).
         cursor = cursors.kept_cursor("langgraph-read")
-        cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params)
+        with cursors.unprepared(cursor):
+            cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params)
         found = cursor.fetchall()
         if not found:
             return None
@@ -560,7 +564,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return thread, None, {}, frozenset()
         row = self._append(thread, lg_id=checkpoint["id"], lg_parent=lg_parent, lg_metadata=lg_metadata, state=state)
         held = {name: _private(value) for name, value in values.items()}
-        return thread, row.pk if row is not None else None, held, _shallow_lists(held)
+        return thread, row, held, _shallow_lists(held)
 
     def _put_patch(
         self,
@@ -586,7 +590,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             # The thread or the parent is gone (deleted, rebuilt elsewhere), or what this saver
             # remembers does not fit what is stored: the full-state path looks everything up again.
             return None
-        return known.thread, row.pk if row is not None else None, held, frozenset(shallow)
+        return known.thread, row, held, frozenset(shallow)
 
     def _patch(
         self,
@@ -604,7 +608,9 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         ops: Ops = []
         for key, value in checkpoint.items():
             if key != "channel_values":
-                ops += _member_ops(parent.get(key, MISSING), self._encode(value), _pointer(key))
+                stored_member = parent.get(key, MISSING)
+                fast = _scalar_dicts_ops(stored_member, value, _pointer(key))
+                ops += fast if fast is not None else _member_ops(stored_member, self._encode(value), _pointer(key))
         ops += [{"op": "remove", "path": _pointer(key)} for key in parent if key not in checkpoint]
         stored = parent.get("channel_values")
         if not isinstance(stored, dict):
@@ -660,12 +666,12 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         state: dict[str, Any] | None = None,
         patch: Ops | None = None,
         parent: UUID | None = None,
-    ) -> Checkpoint | None:
+    ) -> UUID | None:
         """Write one LangGraph checkpoint after its LangGraph parent, branching when that is not a head.
 
         Give the full `state`, or a `patch` against the state of `parent` (the parent's row, then
         known): a put that may repeat an earlier one was not looked for first, so it is looked for
-        before branching, and None comes back when it is there.
+        before branching, and None comes back when it is there. Returns the new row's id.
         """
         step = lg_metadata.get("step")
         fields: dict[str, Any] = {
@@ -681,21 +687,23 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             assert patch is None, "a patch needs its parent"
             if not Checkpoint.objects.filter(thread=thread).exists():
                 try:
-                    return storage.append_checkpoint(thread=thread, parent=None, branch=storage.MAIN_BRANCH,
-                                                   fence=self.fence, **fields)  # fmt: skip
+                    return storage.append_checkpoint_id(thread=thread, parent=None, branch=storage.MAIN_BRANCH,
+                                                        fence=self.fence, **fields)  # fmt: skip
                 except StaleParent:
                     pass  # another writer started the thread first: this one is a second root
-            return storage.append_checkpoint(
+            return storage.append_checkpoint_id(
                 thread=thread, parent=None, branch=self._root_branch(thread, lg_id), fence=self.fence, **fields
             )
         try:
-            return storage.append_checkpoint(thread=thread, parent=parent, fence=self.fence, **fields)
+            return storage.append_checkpoint_id(thread=thread, parent=parent, fence=self.fence, **fields)
         except StaleParent:
             pass  # the parent is not the head of its branch (a replay, a fork): branch off it
         if patch is not None and _row_of(thread, lg_id) is not None:
             return None
         branch = storage.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
-        return storage.append_checkpoint(thread=thread, parent=parent, branch=branch.name, fence=self.fence, **fields)
+        return storage.append_checkpoint_id(
+            thread=thread, parent=parent, branch=branch.name, fence=self.fence, **fields
+        )
 
     @staticmethod
     def _root_branch(thread: Thread, lg_id: str) -> str:
@@ -1160,6 +1168,78 @@ def _member_ops(stored: Any, value: Any, path: str) -> Ops:
 def _flat(value: dict[str, Any]) -> bool:
     """Whether every member of a dict is a JSON scalar."""
     return all(type(item) in PLAIN for item in value.values())
+
+
+# The JSON scalars `_encode` keeps as they are (a str without NUL) and whose JSON equality, between
+# two of one type, is Python's: no float (1 == 1.0 in JSON, and a float may need an envelope).
+_SCALARS = frozenset({str, int, bool, type(None)})
+
+
+def _scalar_dict(value: Any) -> bool:
+    """Whether `value` is a dict of _SCALARS under str keys, with no NUL in any string: `_encode`
+    gives it back equal to itself (LangGraph's channel versions, and a node's versions seen)."""
+    if type(value) is not dict or TYPED in value:
+        return False
+    for key, item in value.items():
+        kind = type(item)
+        if type(key) is not str or "\x00" in key or kind not in _SCALARS or (kind is str and "\x00" in item):
+            return False
+    return True
+
+
+def _scalar_dict_ops(stored: dict[str, Any], value: dict[str, Any], path: str, ops: Ops) -> bool:
+    """Append to `ops` what make_patch finds from `stored` to `value`, two _scalar_dicts, without
+    its walk; False (nothing appended) when `stored` holds a float, which make_patch compares as JSON."""
+    if not stored and not value:
+        return True
+    if not stored or not value or stored.keys().isdisjoint(value):
+        ops.append({"op": "replace", "path": path, "value": value})
+        return True
+    found: Ops = [{"op": "remove", "path": f"{path}/{escape_token(key)}"} for key in stored if key not in value]
+    for key, item in value.items():
+        old = stored.get(key, MISSING)
+        if old is item:
+            continue
+        if type(old) is float:
+            return False
+        if old is MISSING:
+            found.append({"op": "add", "path": f"{path}/{escape_token(key)}", "value": item})
+        elif type(old) is not type(item) or old != item:
+            found.append({"op": "replace", "path": f"{path}/{escape_token(key)}", "value": item})
+    ops += found
+    return True
+
+
+def _scalar_dicts_ops(stored: Any, value: Any, path: str) -> Ops | None:
+    """`_member_ops(stored, self._encode(value), path)` for a checkpoint member that is a
+    _scalar_dict (`channel_versions`) or a dict of them (`versions_seen`), both changed on nearly
+    every put, without encoding and walking them; None for any other member, or when unsure.
+
+    A third of a put's own Python went to these two members through `_encode` and make_patch."""
+    if type(stored) is not dict or type(value) is not dict or TYPED in value or TYPED in stored:
+        return None
+    ops: Ops = []
+    if _scalar_dict(value):
+        if not _scalar_dict(stored) or not _scalar_dict_ops(stored, value, path, ops):
+            return None
+        if len(ops) > 1 and 2 * len(ops) >= len(value):
+            return [{"op": "replace", "path": path, "value": value}]  # as _member_ops collapses a flat dict
+        return ops
+    # A dict of _scalar_dicts: make_patch's walk of its outer dict, each member by the rule above.
+    if not all(type(key) is str and "\x00" not in key and _scalar_dict(item) for key, item in value.items()):
+        return None
+    if not stored or not value or stored.keys().isdisjoint(value):
+        return None  # rare (the first put after a thread starts): make_patch decides
+    ops += [{"op": "remove", "path": f"{path}/{escape_token(key)}"} for key in stored if key not in value]
+    for key, item in value.items():
+        old = stored.get(key, MISSING)
+        if old is item:
+            continue
+        if old is MISSING:
+            ops.append({"op": "add", "path": f"{path}/{escape_token(key)}", "value": item})
+        elif not _scalar_dict(old) or not _scalar_dict_ops(old, item, f"{path}/{escape_token(key)}", ops):
+            return None
+    return ops
 
 
 def _branch_name(lg_id: str) -> str:

@@ -489,3 +489,22 @@ def test_a_second_first_checkpoint_is_refused_naming_the_head_not_a_parent_of_no
     with pytest.raises(StaleParent, match=f"^No parent is the head of branch 'main'; the head is {head.pk}") as raised:
         storage.append_checkpoint(thread=thread, parent=None, state={"n": 2})
     assert "None" not in str(raised.value)
+
+
+def test_append_checkpoint_id_writes_the_row_append_checkpoint_would_and_returns_its_id(thread: Thread) -> None:
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"messages": [], "step": 0})
+    written = storage.append_checkpoint_id(
+        thread=thread, parent=first, patch=[{"op": "add", "path": "/messages/-", "value": "hi"}], step=1,
+        metadata={"note": "by id"},
+    )  # fmt: skip
+    then = storage.append_checkpoint(
+        thread=thread, parent=written, patch=[{"op": "replace", "path": "/step", "value": 2}]
+    )
+
+    row = Checkpoint.objects.get(pk=written)
+    assert (row.parent_id, row.seq, row.step, row.metadata) == (first.pk, 2, 1, {"note": "by id"})
+    assert then.parent_id == written
+    storage.clear_caches()
+    assert storage.state_at(row) == {"messages": ["hi"], "step": 0}
+    assert storage.state_at(then) == {"messages": ["hi"], "step": 2}
+    call_command("verify_integrity")

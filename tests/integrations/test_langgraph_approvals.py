@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 from typing import Any
-from uuid import uuid4
+from uuid import UUID, uuid4
 
 import pytest
 from django.contrib.auth.models import User
@@ -358,7 +358,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
     at: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
     looked = threading.Event()
     notes = WatchedLock()
-    real_row_of, real_append = langgraph_saver._row_of, storage.append_checkpoint
+    real_row_of, real_append = langgraph_saver._row_of, storage.append_checkpoint_id
     intercepted: list[bool] = []
 
     def row_of(thread: Thread, lg_id: str) -> Any:
@@ -370,13 +370,13 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
             assert notes.contended.wait(10), "put() never came to look for notes"
         return found
 
-    def append_checkpoint(**kwargs: Any) -> Checkpoint:
+    def append_checkpoint_id(**kwargs: Any) -> UUID:
         looked.wait(10)
         return real_append(**kwargs)
 
     monkeypatch.setattr(saver, "_unfiled_lock", notes)
     monkeypatch.setattr(langgraph_saver, "_row_of", row_of)
-    monkeypatch.setattr(storage, "append_checkpoint", append_checkpoint)
+    monkeypatch.setattr(storage, "append_checkpoint_id", append_checkpoint_id)
     interrupt = (Interrupt(value={"action": "deploy", "args": {"env": "prod"}}, id="1" * 32),)
     writer = threading.Thread(target=saver.put_writes, args=(at, [(INTERRUPT, interrupt)], "task-1"))
     writer.start()

@@ -78,7 +78,7 @@ def test_a_rounds_sends_to_its_groups_are_all_under_way_at_once() -> None:
         await asyncio.sleep(0.01)  # a Redis round trip, as the sends of one round take it together
         in_flight -= 1
 
-    layer.group_send = slow_send  # type: ignore[method-assign]
+    layer.group_send = slow_send
     own_loop = asyncio.new_event_loop()
     try:
         sent = live._Publisher._send(layer, {group: {"type": "live.event", "n": 1} for group in groups}, own_loop)
@@ -171,7 +171,7 @@ def test_a_send_the_busy_server_loop_runs_late_is_waited_for_not_logged_as_faile
         busy = threading.Event()
         server_loop.call_soon_threadsafe(busy.wait)  # the server's loop runs nothing else until set
         monkeypatch.setattr(live, "_server_loop", server_loop)
-        sent: list[bool] = []
+        sent: list[set[str]] = []
         own_loop = asyncio.new_event_loop()
         message = {"type": "live.event", "n": 1}
         send = functools.partial(live._Publisher._send, layer, {"thread.x": message}, own_loop)
@@ -252,7 +252,7 @@ def test_a_group_whose_send_fails_is_not_counted_as_sent_and_the_others_still_go
             raise ValueError("this group's message cannot be sent")
         delivered.append(group)
 
-    layer.group_send = send  # type: ignore[method-assign]
+    layer.group_send = send
     own_loop = asyncio.new_event_loop()
     try:
         sent = live._Publisher._send(layer, {g: {"type": "live.event"} for g in ("thread.a", "thread.bad", "thread.b")},

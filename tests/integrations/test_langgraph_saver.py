@@ -8,7 +8,8 @@ import os
 import random
 import subprocess
 import sys
-from typing import Annotated, Any, TypedDict
+from collections.abc import Callable
+from typing import Annotated, Any, TypedDict, TypeVar
 
 import pytest
 from django.db import connection, transaction
@@ -28,6 +29,8 @@ from integrations.langgraph import saver as langgraph_saver
 from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
 from tests.conftest import message
 from tests.processes import ROOT, database_url
+
+T = TypeVar("T")
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -360,6 +363,21 @@ def test_each_read_of_the_checkpoint_just_written_hands_out_items_of_its_own() -
     assert second.checkpoint["channel_values"]["tags"] == ["a", {"k": "v"}, 3]
 
 
+def _rows_looked_at(cursor: Any, tables: list[str], read: Callable[[], T]) -> tuple[T, int]:
+    """What `read` returns, and how many rows of `tables` it fetched or scanned (this transaction's
+    statistics, so the cursor's connection must be the one `read` uses)."""
+    counted = "SELECT " + " + ".join(
+        f"pg_stat_get_xact_tuples_fetched('{table}'::regclass) + pg_stat_get_xact_tuples_returned('{table}'::regclass)"
+        for table in tables
+    )
+    cursor.execute(counted)
+    (before,) = cursor.fetchone()
+    result = read()
+    cursor.execute(counted)
+    (after,) = cursor.fetchone()
+    return result, after - before
+
+
 def test_reading_the_newest_checkpoint_does_not_read_the_threads_older_writes() -> None:
     # The read joins a checkpoint's pending writes; a plan made while the thread was young
     # (PostgreSQL's cached generic plan) found them by thread alone, reading every write the
@@ -376,19 +394,11 @@ def test_reading_the_newest_checkpoint_does_not_read_the_threads_older_writes() 
         config, checkpoint = at, {**checkpoint, "id": str(uuid6(clock_seq=step + 1))}
 
     with transaction.atomic(), connection.cursor() as cursor:
-        counted = (
-            "SELECT pg_stat_get_xact_tuples_fetched('checkpoints_toolresult'::regclass)"
-            " + pg_stat_get_xact_tuples_returned('checkpoints_toolresult'::regclass)"
-        )
-        cursor.execute(counted)
-        (before,) = cursor.fetchone()
-        read = saver.get_tuple(newest)
-        cursor.execute(counted)
-        (after,) = cursor.fetchone()
+        read, looked_at = _rows_looked_at(cursor, ["checkpoints_toolresult"], lambda: saver.get_tuple(newest))
 
     assert read is not None and read.pending_writes is not None
     assert [write[1:] for write in read.pending_writes] == [("step", 119), ("note", "write 119")]
-    assert after - before <= 4, f"the read looked at {after - before} of the thread's 240 writes"
+    assert looked_at <= 4, f"the read looked at {looked_at} of the thread's 240 writes"
 
 
 def test_writes_for_a_thread_deleted_behind_the_savers_back_go_to_the_thread_made_again() -> None:
@@ -543,20 +553,12 @@ def test_the_newest_checkpoint_read_keeps_no_plan_made_while_the_tables_were_you
             saver.put_writes(at, [("step", step)], f"task-{step}")
             assert saver.get_tuple(newest) is not None
             config, checkpoint = at, {**checkpoint, "id": str(uuid6(clock_seq=step + 1))}
-        counted = (
-            "SELECT pg_stat_get_xact_tuples_fetched('checkpoints_checkpoint'::regclass)"
-            " + pg_stat_get_xact_tuples_returned('checkpoints_checkpoint'::regclass)"
-            " + pg_stat_get_xact_tuples_fetched('checkpoints_toolresult'::regclass)"
-            " + pg_stat_get_xact_tuples_returned('checkpoints_toolresult'::regclass)"
+        read, looked_at = _rows_looked_at(
+            cursor, ["checkpoints_checkpoint", "checkpoints_toolresult"], lambda: saver.get_tuple(newest)
         )
-        cursor.execute(counted)
-        (before,) = cursor.fetchone()
-        read = saver.get_tuple(newest)
-        cursor.execute(counted)
-        (after,) = cursor.fetchone()
         cursor.execute("SELECT statement FROM pg_prepared_statements")
         prepared = [statement for (statement,) in cursor.fetchall()]
 
     assert read is not None and [write[1:] for write in read.pending_writes or []] == [("step", 99)]
-    assert after - before <= 8, f"the read looked at {after - before} rows of 100 checkpoints and their writes"
+    assert looked_at <= 8, f"the read looked at {looked_at} rows of 100 checkpoints and their writes"
     assert not [statement for statement in prepared if "cp.metadata, w.key" in statement]

@@ -99,14 +99,17 @@ def unwrap(master: MasterKey, thread_id: UUID, wrapped: bytes) -> bytes:
         ) from None
 
 
-# Opened data keys by thread (None: the thread has none and stores plain rows); a data key never
-# changes (rotation re-wraps it), so one read in any transaction is right for every other. An opened
-# key holds about 2.4 KB of OpenSSL's memory (cryptography 46: 5,000 AESGCM objects took 12 MB of
-# the C heap), so the bound is a thousand threads (2.4 MB); a miss costs one indexed read and an unwrap.
-_data_keys: LRU[UUID, AESGCM | None] = LRU(1_000)
+# Data keys by thread, unwrapped (None: the thread has none and stores plain rows); a data key never
+# changes (rotation re-wraps it), so one read in any transaction is right for every other. The cache
+# keeps the 32 key bytes, not an opened `AESGCM`: an opened one holds ~3.2 KB of OpenSSL's memory
+# once used (cryptography 46), and a server that touched a thousand threads kept them scattered
+# over glibc's heap, where they pinned pages the rest of its allocations had freed (bench/load.py's
+# soak: see docs/benchmarks.md). Opening one for each seal or unseal costs ~2 µs. A miss costs one
+# indexed read and an unwrap.
+_data_keys: LRU[UUID, bytes | None] = LRU(1_000)
 
 
-def remember_key(thread_id: UUID, key: AESGCM | None) -> None:
+def remember_key(thread_id: UUID, key: bytes | None) -> None:
     """Note a thread's data key (None: it has none) as just created. A thread's data key never
     changes, and one made in a transaction that rolls back belongs to a thread id no one has."""
     _data_keys.put(thread_id, key)
@@ -119,7 +122,7 @@ def forget_key(thread_id: UUID) -> None:
 _KEY_SQL = "SELECT master_key_id, wrapped FROM checkpoints_threadkey WHERE thread_id = %s"
 
 
-def _load(thread_id: UUID) -> AESGCM | None:
+def _load(thread_id: UUID) -> bytes | None:
     # Every new process reads this before its first payload: one statement the server prepares
     # (prepare_threshold), not the ORM's.
     with cursors.cursor() as cursor:
@@ -127,15 +130,16 @@ def _load(thread_id: UUID) -> AESGCM | None:
         row = cursor.fetchone()
     if row is None:
         return None
-    return AESGCM(unwrap(master_key(row[0]), thread_id, bytes(row[1])))
+    return unwrap(master_key(row[0]), thread_id, bytes(row[1]))
 
 
 def data_key(thread_id: UUID) -> AESGCM | None:
+    """The thread's data key, opened for one seal or unseal (None: the thread has none)."""
     found, key = _data_keys.find(thread_id)
     if not found:
         key = _load(thread_id)
         _data_keys.put(thread_id, key)
-    return key
+    return None if key is None else AESGCM(key)
 
 
 def seal(thread_id: UUID, ad: bytes | Callable[[], bytes], framed: bytes) -> bytes:

@@ -25,7 +25,7 @@ def create_thread_key(thread_id: UUID) -> None:
     master = keyring()[0]
     data_key = AESGCM.generate_key(bit_length=256)
     ThreadKey.objects.create(thread_id=thread_id, master_key_id=master.id, wrapped=wrap(master, thread_id, data_key))
-    remember_key(thread_id, AESGCM(data_key))
+    remember_key(thread_id, data_key)
 
 
 def shred(thread_id: UUID) -> None:

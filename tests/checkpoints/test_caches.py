@@ -3,6 +3,7 @@ request threads, and never holding what a rolled-back transaction wrote."""
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import os
 import subprocess
@@ -18,7 +19,7 @@ from django.test.utils import CaptureQueriesContext
 
 from checkpoints import live, storage
 from checkpoints.models import Branch, Checkpoint
-from checkpoints.storage import branches
+from checkpoints.storage import branches, crypto
 from checkpoints.storage.lru import LRU
 from checkpoints.storage.nodes import states
 from quicksave_agents.models import Agent
@@ -276,3 +277,38 @@ def test_the_state_cache_holds_no_more_memory_than_its_budget_however_small_the_
         tracemalloc.stop()
     assert cached > 1
     assert held <= budget
+
+
+class _Mallinfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks",
+                 "keepcost")]  # fmt: skip
+
+
+def _c_heap_in_use() -> int:
+    """Bytes glibc's malloc has handed out and not had back (`mallinfo2`), OpenSSL's among them,
+    which tracemalloc does not see."""
+    mallinfo2 = ctypes.CDLL(None).mallinfo2
+    mallinfo2.restype = _Mallinfo2
+    info: _Mallinfo2 = mallinfo2()
+    return int(info.uordblks + info.hblkhd)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallinfo2 measures the C heap")
+def test_the_data_keys_a_process_keeps_open_hold_no_openssl_memory(agent: Agent) -> None:
+    # Each kept key was an opened AESGCM, ~3.2 KB of OpenSSL's heap once used: 500 threads' keys
+    # held ~1.6 MB, scattered over the heap for as long as the process kept them.
+    threads = [storage.create_thread(agent=agent)[0].pk for _ in range(500)]
+    crypto.forget_keys()
+    gc.collect()
+    before = _c_heap_in_use()
+    for thread_id in threads:
+        crypto.unseal(thread_id, b"ad", crypto.seal(thread_id, b"ad", b"value"))
+    gc.collect()
+    grown = _c_heap_in_use() - before
+
+    with CaptureQueriesContext(connection) as queries:  # every key is kept: no read again
+        for thread_id in threads:
+            crypto.unseal(thread_id, b"ad", crypto.seal(thread_id, b"ad", b"value"))
+    assert len(queries) == 0
+    assert grown < 256 * 1024

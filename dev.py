@@ -381,7 +381,9 @@ def serve(host: str, port: int, url: str, ready_lines: list[str]) -> int:
     env = {"MALLOC_ARENA_MAX": "2", **os.environ, "QUICKSAVE_LOG_FILE": str(log_file())}
     # A process group of its own: Ctrl-C reaches it once, from here (twice, uvicorn would not shut down cleanly).
     process = subprocess.Popen(
-        [str(PYTHON), "-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port)],
+        # The options of quicksave/serving.py (this script runs before the venv exists, so it cannot import it).
+        [str(PYTHON), "-m", "uvicorn", "quicksave.asgi:application", "--host", host, "--port", str(port),
+         "--ws-per-message-deflate", "false"],
         cwd=ROOT, env=env, process_group=0,
     )  # fmt: skip
     pid_file = server_pid_file()

@@ -46,6 +46,11 @@ import psycopg
 import websockets
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from quicksave.serving import UVICORN_OPTIONS  # noqa: E402  (the project root first on the path)
+
 DATABASE = "quicksave_live_bench"
 AGENT = "bench-live"
 P95_TARGET_MS = 50.0
@@ -87,7 +92,7 @@ def free_port() -> int:
 def start_server(port: int, env: dict[str, str], log: Any) -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-         "--log-level", "warning", "--no-access-log"],
+         "--log-level", "warning", "--no-access-log", *UVICORN_OPTIONS],
         cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=log,
     )  # fmt: skip
     deadline = time.monotonic() + 60

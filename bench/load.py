@@ -90,6 +90,8 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from quicksave.serving import UVICORN_OPTIONS  # noqa: E402  (the project root first on the path)
+
 DATABASE = "quicksave_load_bench"
 TRAVEL = "demo-travel"  # the demo travel agent (quicksave_agents.demo.TravelAgent)
 # Messages an agent's state keeps: its state stays the same size however long the soak.
@@ -178,7 +180,7 @@ def spawn_server(port: int, env: dict[str, str], directory: Path) -> Process:
     with log.open("wb") as handle:
         popen = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--host", "127.0.0.1", "--port",
-             str(port), "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75"],
+             str(port), "--log-level", "warning", "--no-access-log", "--timeout-keep-alive", "75", *UVICORN_OPTIONS],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=handle,
         )  # fmt: skip
     return Process(f"server :{port}", popen, log)

@@ -33,6 +33,7 @@ from bench.peers import (
     window_cps,
     workload,
 )
+from quicksave.serving import UVICORN_OPTIONS
 
 ROOT = Path(__file__).resolve().parent.parent
 TABLES = (
@@ -207,7 +208,7 @@ def run_http(steps: int) -> Result:
     env = {**os.environ, "DATABASE_URL": bench_database_url(), "LOG_LEVEL": "WARNING"}
     server = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port),
-         "--no-access-log", "--log-level", "warning"],
+         "--no-access-log", "--log-level", "warning", *UVICORN_OPTIONS],
         cwd=ROOT, env=env,
     )  # fmt: skip
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}

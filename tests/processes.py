@@ -19,6 +19,7 @@ import pytest
 import redis
 from django.conf import settings
 
+from quicksave.serving import UVICORN_OPTIONS
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +61,7 @@ def start_server(port: int, env: dict[str, str]) -> subprocess.Popen[bytes]:
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "quicksave.asgi:application", "--port", str(port),
-             "--log-level", "warning"],
+             "--log-level", "warning", *UVICORN_OPTIONS],
             cwd=ROOT,
             env={**server_environment(), "DATABASE_URL": database_url(), "QUICKSAVE_EMBEDDED_WORKER": "false", **env},
             stdout=subprocess.DEVNULL,

@@ -258,8 +258,9 @@ def test_an_agent_a_decision_and_a_fork_run_through_pgbouncer_in_transaction_mod
     wait_until(lambda: ApprovalRequest.objects.filter(thread=trip, status=ApprovalStatus.PENDING).exists(),
                what="a worker to resume the fork", timeout=PROMPTLY,
                details=topology.workers.logs)  # fmt: skip
-    fork_run = Run.objects.get(thread=trip, reason=RunReason.FORK)
-    assert fork_run.status == RunStatus.COMPLETED
+    # The run files the approval, then ends in a transaction of its own: wait for that one too.
+    wait_until(lambda: Run.objects.get(thread=trip, reason=RunReason.FORK).status == RunStatus.COMPLETED,
+               what="the fork's run to end", timeout=PROMPTLY, details=topology.workers.logs)  # fmt: skip
     assert Branch.objects.filter(thread=trip).count() == 2
 
     # All of it went through PgBouncer.

@@ -179,6 +179,44 @@ def json_depth(value: JSON) -> int:
     return best
 
 
+def _shared_depth(value: JSON) -> int:
+    """json_depth(value) for a value whose parts may be shared (a copy's): each part is walked once."""
+    if not isinstance(value, (dict, list)):
+        return 0
+    # Keyed by id: every part is held by `value` while the walk lasts, so no id is reused.
+    depths: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(value, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in depths:
+            continue
+        children = [child for child in (node.values() if isinstance(node, dict) else node)
+                    if isinstance(child, (dict, list))]  # fmt: skip
+        if children_done:
+            depths[id(node)] = 1 + max((depths[id(child)] for child in children), default=0)
+        else:
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in depths)
+    return depths[id(value)]
+
+
+def _plain_shared(value: JSON) -> bool:
+    """_plain(value) for a value whose parts may be shared (a copy's): each part is checked once."""
+    seen: set[int] = set()
+    stack: list[Any] = [value]
+    while stack:
+        node = stack.pop()
+        kind = type(node)
+        if kind is dict or kind is list:
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
+            stack.extend(node.values() if kind is dict else node)
+        elif kind not in _PLAIN_SCALARS:
+            return False
+    return True
+
+
 def json_equal(a: JSON, b: JSON) -> bool:
     """JSON equality: True != 1, 1 == 1.0, object key order is irrelevant, array order matters."""
     if a is b:
@@ -406,16 +444,48 @@ class _Patcher:
         if not self.measuring:
             return 0
         size = len(orjson.dumps(value)) if plain else _scalar_size(value)
-        if size < 0:
-            try:
-                size = len(canonical_json(value))
-            except (TypeError, ValueError, RecursionError) as exc:
-                self.fail(f"the value is not valid JSON ({exc})")
+        return self.charge(size if size >= 0 else self.encoded_size(value))
+
+    def encoded_size(self, value: JSON) -> int:
+        """len(canonical_json(value)) for a value whose parts may be shared, as a copy's are (see
+        copy): orjson writes a part as often as it occurs, but the walk that tells whether its
+        bytes are the canonical ones visits each part once, not once per occurrence."""
+        try:
+            encoded: bytes | None = orjson.dumps(value)  # unsorted: as long as sorted
+        except orjson.JSONEncodeError:
+            encoded = None
+        if encoded is not None and _plain_shared(value):
+            return len(encoded)
+        try:
+            return len(_ENCODER.encode(value).encode("utf-8"))  # canonical_json's other way
+        except (TypeError, ValueError, RecursionError) as exc:
+            self.fail(f"the value is not valid JSON ({exc})")
+
+    def charge(self, size: int) -> int:
+        """Count `size` bytes of measuring against the budget."""
         if self.budget is not None:
             self.budget -= size
             if self.budget < 0:
                 raise PatchTooLarge(f"op {self.index} ({self.name}): the patch takes too much work to apply")
         return size
+
+    def copy(self, source: JSON) -> JSON:
+        """The value a copy op inserts, independent of `source` for every later op of this patch.
+
+        Patching in place mutates whatever it reaches, so the copy is a deep one. Otherwise only
+        the containers this patch made (`owned`, edited in place by later ops) are copied; the
+        rest is shared with `source`, as the untouched rest of the document is shared with the
+        input, because a later op copies it on its way before writing in it. A patch of a few
+        bytes that copies a value into itself again and again then makes one container per op,
+        not a tree twice as big with each op."""
+        if self.in_place:
+            return _clone(source)
+        owned = self.owned
+        if id(source) not in owned:
+            return source
+        if isinstance(source, dict):
+            return {key: self.copy(item) for key, item in source.items()}
+        return [self.copy(item) for item in source]
 
     def key_size(self, key: str) -> int:
         if not self.measuring:
@@ -637,13 +707,14 @@ def _apply_parsed(
             assert from_tokens is not None
             source = patcher.get(from_tokens, "'from' location")
             size = patcher.measure(source)  # before the copy is made: the budget may refuse it
-            # A deep copy, so a later op of this patch that edits one location in place can't reach the other.
-            value = _clone(source)
+            value = patcher.copy(source)
             patcher.add(tokens, value, size)
         if limit is not None and patcher.delta > limit:
             raise PatchTooLarge(f"op {index} ({name}): the document would grow by more than {limit} bytes")
         if measure and depth:
-            deepest = max(deepest, len(tokens) + json_depth(value))
+            # A moved or copied value is the document's, whose parts a copy may share: walk each once.
+            depth_of = json_depth if name == "add" or name == "replace" else _shared_depth
+            deepest = max(deepest, len(tokens) + depth_of(value))
     return Applied(patcher.root, patcher.delta, deepest)
 
 

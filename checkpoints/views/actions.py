@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from django.conf import settings
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -73,10 +72,12 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
     step = form.cleaned_data.get("step", "review")
     if step in ("confirm", "edit"):
         ops = form.cleaned_data.get("patch")
-        editor = StateEditor(_editor_text(_apply(source_state, ops or [])), open=True)
         if ops is None:
             form.add_error("state", "The reviewed changes did not come through; edit and review them again.")
+        # The editor is only made for a form that comes back: a fork that goes through never shows it,
+        # and one that is refused is refused by the domain before the page applies the patch again.
         if step == "edit" or not form.is_valid():
+            editor = _reviewed_editor(checkpoint, source_state, ops or [])
             return _fork_form(request, checkpoint, form, editor, status=400 if form.errors else 200)
         try:
             created = forks.fork(
@@ -85,6 +86,7 @@ def fork_checkpoint(request: HttpRequest, checkpoint_id: UUID) -> HttpResponse:
                 carry_approval=form.cleaned_data["carry_approval"], address=client_address(request),
             )  # fmt: skip
         except DomainError as exc:
+            editor = _reviewed_editor(checkpoint, source_state, ops or [])
             return _fork_form(request, checkpoint, _with_error(form, exc), editor, status=exc.status)
         if form.cleaned_data["resume"]:
             # The agent goes on from the new checkpoint: watch it on the thread's timeline.
@@ -262,9 +264,20 @@ def _editor_text(state: dict[str, Any], *, stored_bytes: int = 0) -> str | None:
     return text if len(text) <= EDITOR_CHARS else None
 
 
-def _apply(state: dict[str, Any], ops: list[dict[str, Any]]) -> dict[str, Any]:
+def _reviewed_editor(checkpoint: Checkpoint, state: dict[str, Any], ops: list[dict[str, Any]]) -> StateEditor:
+    """The open editor holding `state` with the reviewed `ops` applied (`state` itself when they do
+    not apply: the domain's error says why).
+
+    The patch is applied only as far as the editor could hold its result: one that would grow the
+    state past EDITOR_CHARS bytes of JSON (whose indented text is no shorter) stops there, and
+    its state is too large to edit here, as if it had been made."""
     try:
-        applied = apply_patch(state, ops, limit=settings.QUICKSAVE_MAX_STATE_BYTES)
-    except (PatchError, PatchTooLarge, RecursionError, TypeError, ValueError):
-        return state
-    return applied.doc if isinstance(applied.doc, dict) else state
+        applied = apply_patch(state, ops, limit=EDITOR_CHARS)
+    except PatchTooLarge:
+        return StateEditor(None, open=True)
+    except (PatchError, RecursionError, TypeError, ValueError):
+        return StateEditor(_editor_text(state, stored_bytes=checkpoint.state_bytes), open=True)
+    if not isinstance(applied.doc, dict):
+        return StateEditor(_editor_text(state, stored_bytes=checkpoint.state_bytes), open=True)
+    edited_bytes = checkpoint.state_bytes + applied.size_delta
+    return StateEditor(_editor_text(applied.doc, stored_bytes=edited_bytes), open=True)

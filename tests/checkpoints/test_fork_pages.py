@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import tracemalloc
+from collections.abc import Callable
 from html import unescape
 from typing import Any
 
@@ -265,3 +267,60 @@ def test_confirmation_pages_keep_the_inbox_count_of_the_whole_site(
     page = admin.get(f"/threads/{thread.pk}/{action}/").content.decode()
 
     assert '<span class="nav-count" aria-label="2 pending">2</span>' in page
+
+
+def doubling(ops: int) -> str:
+    """A patch of a few bytes per op whose every op copies /d into itself: twice the list each time."""
+    return json.dumps([{"op": "copy", "from": "/d", "path": "/d/-"}] * ops)
+
+
+def peak_bytes_of(request: Callable[[], Any]) -> tuple[Any, int]:
+    """What `request` returns the second time, and the most memory Python held at any moment of that
+    time (the first loads the modules and templates it uses)."""
+    request()
+    tracemalloc.start()
+    try:
+        result = request()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_patch_that_doubles_the_state_is_refused_without_building_it(
+    admin: Client, thread: Thread, settings: Any
+) -> None:
+    """60 copies of a list into itself would make 2**60 items; the store stops them at the state
+    limit, and neither it nor the page builds that state's million lists to find out."""
+    settings.QUICKSAVE_MAX_STATE_BYTES = 2 * 1024 * 1024
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"d": [0]})
+    before = written(thread)
+
+    response, peak = peak_bytes_of(lambda: admin.post(
+        f"/checkpoints/{first.pk}/fork/", {"step": "confirm", "reason": "r", "patch": doubling(60)}
+    ))  # fmt: skip
+
+    assert response.status_code == 413
+    error = errors_of(response.content.decode(), "state")
+    assert "the limit is 2097152 bytes (QUICKSAVE_MAX_STATE_BYTES)" in error, error
+    assert written(thread) == before
+    assert peak < 2 * settings.QUICKSAVE_MAX_STATE_BYTES
+
+
+def test_a_fork_form_that_comes_back_applies_its_patch_only_as_far_as_the_editor_shows(
+    admin: Client, thread: Thread, settings: Any
+) -> None:
+    """A taken branch name sends the form back; the state its patch makes is within the state limit
+    but too large for the editor, which says so without that state being written out as text."""
+    settings.QUICKSAVE_MAX_STATE_BYTES = 4 * 1024 * 1024
+    first = storage.append_checkpoint(thread=thread, parent=None, state={"d": [0]})
+
+    response, peak = peak_bytes_of(lambda: admin.post(
+        f"/checkpoints/{first.pk}/fork/",
+        {"step": "confirm", "reason": "r", "branch": "main", "patch": doubling(19)},
+    ))  # fmt: skip
+
+    assert response.status_code == 409
+    page = response.content.decode()
+    assert "already has a branch named 'main'" in errors_of(page, "branch")
+    assert 'id="fork-state"' not in page and "too large to edit here" in page
+    assert peak < settings.QUICKSAVE_MAX_STATE_BYTES

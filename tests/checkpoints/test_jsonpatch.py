@@ -638,6 +638,38 @@ def test_copy_of_a_value_edited_earlier_in_the_same_patch_does_not_alias_it() ->
     assert doc == {"a": {"list": [1]}}
 
 
+def containers_in(value: Any) -> int:
+    """How many distinct dicts and lists `value` is made of (a part it holds twice counts once)."""
+    seen: set[int] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
+    return len(seen)
+
+
+def test_a_value_copied_into_itself_again_and_again_is_built_once_per_op() -> None:
+    """Each op doubles the list: 16 of them read as 65,536 lists, but make one new list each."""
+    doc = {"d": [0]}
+    result = apply_patch(doc, [{"op": "copy", "from": "/d", "path": "/d/-"}] * 16)
+    assert containers_in(result.doc) <= 2 + 16
+    assert json_depth(result.doc) == result.depth == 18
+    assert canonical_size(result.doc) == canonical_size(doc) + result.size_delta
+    assert doc == {"d": [0]}
+
+
+def test_an_edit_inside_one_copy_leaves_every_other_copy_as_it_was() -> None:
+    doc = {"d": [{"n": 0}]}
+    ops: list[Op] = [{"op": "copy", "from": "/d", "path": "/d/-"}] * 3
+    ops += [{"op": "replace", "path": "/d/3/2/0/n", "value": 1}, {"op": "copy", "from": "/d/3", "path": "/e"},
+            {"op": "add", "path": "/e/1/-", "value": 2}, {"op": "move", "from": "/d/2", "path": "/f"},
+            {"op": "remove", "path": "/f/1/0/n"}]  # fmt: skip
+    expected, depth = reference_apply(doc, ops)
+    _check_applied(doc, ops, expected, depth)
+
+
 def test_values_from_ops_are_inserted_as_is_and_never_mutated() -> None:
     value = {"x": [1]}
     ops: list[Op] = [

@@ -305,7 +305,7 @@ def test_a_checkpoint_is_its_own_event_with_no_event_row_and_replays_as_it_was_p
     thread: Thread, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     published: list[tuple[int, str, dict[str, Any]]] = []
-    monkeypatch.setattr(live, "publish_on_commit", lambda **event: published.append(
+    monkeypatch.setattr(live, "publish", lambda **event: published.append(
         (event["seq"], event["type"], event["data"])))  # fmt: skip
     root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0}, step=0, label="start")
     storage.start_branch(thread=thread, at=root, name="aside")

@@ -103,11 +103,13 @@ def _calls(path: Path, function: str) -> int:
 
 def report(out: Path, steps: int) -> list[str]:
     """Instructions per append by thread, from the dumps in `out`."""
-    dumps = {}
+    runs: dict[str, dict[tuple[int, int], Path]] = {}
     for path in out.glob("callgrind.out.*"):
-        match = re.fullmatch(r"callgrind\.out\.\d+(?:\.(\d+))?-(\d+)", path.name)
+        match = re.fullmatch(r"callgrind\.out\.(\d+)(?:\.(\d+))?-(\d+)", path.name)
         if match:
-            dumps[int(match.group(1) or 0), int(match.group(2))] = path
+            runs.setdefault(match.group(1), {})[int(match.group(2) or 0), int(match.group(3))] = path
+    # The newest run's, should another process have left its dumps there too.
+    dumps = max(runs.values(), key=lambda dumped: max(path.stat().st_mtime for path in dumped.values()))
     # Dump 1 of the writer (thread 1) is the setup; 2 onwards the windows; 0 (the exit) is empty.
     windows = [_total(path) for (part, thread), path in sorted(dumps.items()) if thread == 1 and part >= 2]
     writer = sum(windows)

@@ -57,6 +57,7 @@ from checkpoints.storage.reads import load_node, needs_snapshot
 from checkpoints.storage.threads import checkpoint_event
 from checkpoints.storage.tool_results import MAX_KEY_LENGTH, MAX_TOOL_LENGTH, put_tool_result, valid_key
 from checkpoints.storage.validation import checked_fields, next_state
+from quicksave import telemetry
 from quicksave_agents import fencing
 from quicksave_agents.fencing import Fence
 
@@ -189,13 +190,16 @@ def _append_row(
         with transaction.atomic() if tool_results else contextlib.nullcontext():
             if not _append(params):
                 raise _refused(params, branch_name=branch_name, fence=fence)
-            # Appends need only a branch's head: the new one takes the place of the old.
-            keep_head(
-                Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
-                     state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
-                     integrity=integrity),
-                parent_id=parent_id if same_branch else None,
-            )  # fmt: skip
+            node = Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
+                        state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
+                        integrity=integrity)  # fmt: skip
+            # One callback for both (each asking Django whether a transaction is open cost some
+            # 16,000 instructions); in autocommit it runs at once. The writer's trace context is
+            # taken now: the commit may run its callbacks under another span.
+            transaction.on_commit(functools.partial(
+                _committed, node, parent_id=parent_id if same_branch else None, params=params,
+                trace=telemetry.current_carrier(),
+            ))  # fmt: skip
             for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
@@ -298,9 +302,9 @@ _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 
 
 def _append(params: dict[str, Any]) -> bool:
-    """Run the append on Django's connection: True when it wrote (its event is then published
-    once committed), False when it wrote nothing (another write got there first, the parent's
-    MAC changed, or the run's lease is lost)."""
+    """Run the append on Django's connection: True when it wrote (its event goes out once
+    committed: `_committed`), False when it wrote nothing (another write got there first, the
+    parent's MAC changed, or the run's lease is lost)."""
     try:
         cursor = cursors.kept_cursor()
         cursor.execute(_APPEND_SQL, params)
@@ -314,10 +318,15 @@ def _append(params: dict[str, Any]) -> bool:
     if not rows:
         return False
     params["event_seq"] = int(rows[0][0])
-    live.publish_on_commit(
-        thread_id=params["thread_id"], seq=params["event_seq"], type="checkpoint.created", data=params["event"]
-    )
     return True
+
+
+def _committed(node: Node, *, parent_id: UUID | None, params: dict[str, Any], trace: dict[str, str]) -> None:
+    """What follows an append's commit: its node takes the place of its branch's old head in this
+    process's cache (appends need only a branch's head), and its event goes out."""
+    keep_head(node, parent_id=parent_id)
+    live.publish(thread_id=node.thread_id, seq=params["event_seq"], type=live.CHECKPOINT_CREATED,
+                 data=params["event"], trace=trace)  # fmt: skip
 
 
 def _refused(params: dict[str, Any], *, branch_name: str, fence: Fence | None = None) -> Exception:

@@ -17,7 +17,6 @@ from typing import Any
 from uuid import UUID
 
 from django.conf import settings
-from django.db import connection, transaction
 
 from checkpoints.storage.lru import LRU
 
@@ -60,22 +59,15 @@ _heads: LRU[tuple[UUID, int], UUID] = LRU(100_000)
 
 
 def keep_head(node: Node, *, parent_id: UUID | None) -> None:
-    """Keep an appended node once the caller's transaction commits, in place of its parent (when on
-    its branch) and of the head this process kept for its branch before: servers that share an
-    agent's writes round-robin would otherwise each keep every state they wrote, since the parent
-    of what one writes is nearly always the other's."""
-
-    def keep() -> None:
-        branch = (node.thread_id, node.branch_id)
-        states.put(node.id, node, replacing=_heads.get(branch))
-        _heads.put(branch, node.id)
-        if parent_id is not None:
-            states.drop(parent_id)
-
-    if connection.in_atomic_block:
-        transaction.on_commit(keep)
-    else:
-        keep()
+    """Keep an appended node, once its append committed (the caller waits for that), in place of its
+    parent (when on its branch) and of the head this process kept for its branch before: servers
+    that share an agent's writes round-robin would otherwise each keep every state they wrote,
+    since the parent of what one writes is nearly always the other's."""
+    branch = (node.thread_id, node.branch_id)
+    states.put(node.id, node, replacing=_heads.get(branch))
+    _heads.put(branch, node.id)
+    if parent_id is not None:
+        states.drop(parent_id)
 
 
 def drop_thread(thread_id: UUID) -> None:

@@ -250,6 +250,31 @@ def test_a_rolled_back_append_leaves_its_parent_cached(agent: Agent) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
+def test_an_append_in_a_transaction_is_cached_and_published_together_when_it_commits(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    published: list[int] = []
+    publish = live.publish
+
+    def heard(**event: Any) -> None:
+        published.append(event["seq"])
+        publish(**event)
+
+    thread = storage.create_thread(agent=agent)[0]
+    monkeypatch.setattr(live, "publish", heard)
+    root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0})
+    assert published == [2] and _nodes_of(thread.pk) == {root.pk}  # in autocommit, at once
+    with pytest.raises(RolledBack), transaction.atomic():
+        storage.append_checkpoint(thread=thread, parent=root, state={"n": 1})
+        raise RolledBack
+    assert published == [2] and _nodes_of(thread.pk) == {root.pk}
+    with transaction.atomic():
+        child = storage.append_checkpoint(thread=thread, parent=root, state={"n": 1})
+        assert published == [2] and _nodes_of(thread.pk) == {root.pk}  # nothing before the commit
+    assert published == [2, 3] and _nodes_of(thread.pk) == {child.pk}
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_state_cache_holds_no_more_memory_than_its_budget_however_small_the_states(
     agent: Agent, settings: Any
 ) -> None:

@@ -302,15 +302,16 @@ def test_each_checkpoint_is_an_event_in_order(thread: Thread) -> None:
 
 
 def test_a_checkpoint_is_its_own_event_with_no_event_row_and_replays_as_it_was_published(
-    thread: Thread, monkeypatch: pytest.MonkeyPatch
+    thread: Thread, monkeypatch: pytest.MonkeyPatch, django_capture_on_commit_callbacks: Any
 ) -> None:
     published: list[tuple[int, str, dict[str, Any]]] = []
-    monkeypatch.setattr(live, "publish_on_commit", lambda **event: published.append(
+    monkeypatch.setattr(live, "publish", lambda **event: published.append(
         (event["seq"], event["type"], event["data"])))  # fmt: skip
-    root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0}, step=0, label="start")
-    storage.start_branch(thread=thread, at=root, name="aside")
-    storage.append_checkpoint(thread=thread, parent=root, patch=[{"op": "replace", "path": "/n", "value": 1}],
-                              branch="aside", label="waits", status=ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):  # the test's transaction never commits
+        root = storage.append_checkpoint(thread=thread, parent=None, state={"n": 0}, step=0, label="start")
+        storage.start_branch(thread=thread, at=root, name="aside")
+        storage.append_checkpoint(thread=thread, parent=root, patch=[{"op": "replace", "path": "/n", "value": 1}],
+                                  branch="aside", label="waits", status=ThreadStatus.WAITING_FOR_APPROVAL)  # fmt: skip
 
     assert not Event.objects.filter(thread=thread, type="checkpoint.created").exists()  # the rows are the events
     numbered = Checkpoint.objects.filter(thread=thread).order_by("event_seq").values_list("event_seq", flat=True)

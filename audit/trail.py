@@ -116,7 +116,7 @@ def _sealed(values: dict[str, Any], secret: Collection[str], *, thread_id: UUID,
         return values
     plain = codec.to_canonical_bytes({key: values[key] for key in keys})
     marker: dict[str, Any] = {"thread": str(thread_id), "keys": keys}
-    if crypto.data_key(thread_id) is None:
+    if not crypto.has_data_key(thread_id):
         # Stored without a data key (QUICKSAVE_ENCRYPT=false): nothing could shred the values, so
         # only a keyed digest is kept, which shows whether a claimed value was the one recorded.
         marker["digest"] = hmac.digest(_digest_key(), plain, "sha256").hex()
@@ -139,7 +139,7 @@ def _opened(values: dict[str, Any], *, ad: bytes) -> dict[str, Any]:
         return {**rest, **dict.fromkeys(keys, DIGEST_ONLY)}
     try:
         thread_id = UUID(str(marker.get("thread")))
-        if crypto.data_key(thread_id) is None:
+        if not crypto.has_data_key(thread_id):
             return {**rest, **dict.fromkeys(keys, SHREDDED)}
         found = codec.decode(crypto.unseal(thread_id, ad, base64.b64decode(str(marker["box"]), validate=True)))
     except (ValueError, crypto.DecryptionFailure):  # a malformed marker, altered bytes, a key that does not unwrap

@@ -133,12 +133,22 @@ def _load(thread_id: UUID) -> bytes | None:
     return unwrap(master_key(row[0]), thread_id, bytes(row[1]))
 
 
-def data_key(thread_id: UUID) -> AESGCM | None:
-    """The thread's data key, opened for one seal or unseal (None: the thread has none)."""
+def _key_bytes(thread_id: UUID) -> bytes | None:
     found, key = _data_keys.find(thread_id)
     if not found:
         key = _load(thread_id)
         _data_keys.put(thread_id, key)
+    return key
+
+
+def has_data_key(thread_id: UUID) -> bool:
+    """Whether the thread has a data key (False: encryption was off, or the key was shredded)."""
+    return _key_bytes(thread_id) is not None
+
+
+def data_key(thread_id: UUID) -> AESGCM | None:
+    """The thread's data key, opened for one seal or unseal (None: the thread has none)."""
+    key = _key_bytes(thread_id)
     return None if key is None else AESGCM(key)
 
 

@@ -156,3 +156,25 @@ def test_on_a_wide_screen_the_filters_stay_open(tab: Pages) -> None:
 
     assert tab.page.locator("form.filters").is_visible()
     assert tab.page.locator("button.filters-toggle").is_hidden()
+
+
+@pytest.mark.parametrize("width", [1024, 1280, 1440])
+def test_at_laptop_widths_a_staff_admins_header_fits_the_window(browser: Any, server_url: str, width: int) -> None:
+    # The longest nav there is: an admin's links and Django's admin (staff only), with a pending approval's count.
+    ada = make_person("ada", "admin")
+    ada.is_staff = True
+    ada.save(update_fields=["is_staff"])
+    context = browser.new_context(viewport={"width": width, "height": 800})
+    laptop = Pages(context.new_page(), server_url, f"laptop-{width}")
+    laptop.login("ada")
+    laptop.goto("/")
+
+    nav_links = laptop.page.locator("nav.nav a")
+    assert nav_links.last.inner_text() == "Django admin"
+    assert laptop.page.evaluate("document.scrollingElement.scrollWidth") <= width, laptop.page.evaluate(WIDEST)
+    # Every link and the sign-out button on one line of text.
+    heights = laptop.page.evaluate("""() => [...document.querySelectorAll('nav.nav a, .user button')]
+        .map((element) => element.getClientRects().length === 1 && element.getBoundingClientRect().height < 48)""")
+    assert all(heights), laptop.shot("header wraps")
+    context.close()
+    assert laptop.errors == []

@@ -27,7 +27,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Concatenate, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 from uuid import UUID
 
 import psycopg
@@ -94,8 +94,6 @@ def _retrying_stale_cache(write: Callable[P, R]) -> Callable[P, R]:
 
 @_retrying_stale_cache
 def _append_row(
-    made: Callable[[dict[str, Any]], R],
-    /,
     *,
     thread: Thread,
     parent: Checkpoint | UUID | None,
@@ -111,9 +109,8 @@ def _append_row(
     source: str = CheckpointSource.AGENT,
     tool_results: list[dict[str, Any]] | None = None,
     fence: Fence | None = None,
-) -> R:
-    """Append a checkpoint after `parent`, which must be the head of its branch, and return what
-    `made` makes of the written row's fields.
+) -> dict[str, Any]:
+    """Append a checkpoint after `parent`, which must be the head of its branch.
 
     Give either the full new `state` or a `patch` against the parent's state.
     Raises StaleParent (naming the current head) when another write got there
@@ -166,6 +163,11 @@ def _append_row(
         "seq": seq, "kind": kind, "payload": payload, "chain_length": chain_length, "chain_bytes": chain_bytes,
         "integrity": integrity, "created_at": created_at, "metadata": Jsonb(fields["metadata"], dumps=codec.dumps),
         **fencing.params(fence),
+        # Published once committed; stored as this row itself (threads.events_after).
+        "event": checkpoint_event(
+            checkpoint_id=checkpoint_id, parent_id=parent_id, branch=branch_name, seq=seq, step=step, label=label,
+            status=fields["status"],
+        ),
     }  # fmt: skip
 
     if tool_results:
@@ -184,52 +186,35 @@ def _append_row(
                     detail={"field": "tool_results", "index": index},
                 )
 
-    def meanwhile() -> tuple[Callable[[], None], R]:
-        # Whatever the append's outcome: run while the server executes (and, in autocommit,
-        # commits) it. What depends on the outcome waits for it: the node is kept and the
-        # event published only by `committed`, which runs once the append wrote and committed.
-        node = Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
-                    state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
-                    integrity=integrity)  # fmt: skip
-        # Published once committed; stored as this row itself (threads.events_after).
-        event = checkpoint_event(
-            checkpoint_id=checkpoint_id, parent_id=parent_id, branch=branch_name, seq=seq, step=step, label=label,
-            status=fields["status"],
-        )  # fmt: skip
-        # One callback for both (each asking Django whether a transaction is open cost some
-        # 16,000 instructions). The writer's trace context is taken now: the commit may run its
-        # callbacks under another span.
-        committed = functools.partial(
-            _committed, node, parent_id=parent_id if same_branch else None, params=params, event=event,
-            trace=telemetry.current_carrier(),
-        )  # fmt: skip
-        params["metadata"] = fields["metadata"]  # sent already: the row's field from here on
-        return committed, made(params)
-
     try:
         with transaction.atomic() if tool_results else contextlib.nullcontext():
-            written, (committed, row) = _append(params, meanwhile=meanwhile)
-            if not written:
+            if not _append(params):
                 raise _refused(params, branch_name=branch_name, fence=fence)
-            if isinstance(row, Checkpoint):
-                row.event_seq = params["event_seq"]  # the one field the server gave it
-            transaction.on_commit(committed)  # in autocommit it runs at once
+            node = Node(id=checkpoint_id, thread_id=thread.pk, branch_id=branch_id, seq=seq, state=new_state,
+                        state_bytes=state_bytes, chain_length=chain_length, chain_bytes=chain_bytes,
+                        integrity=integrity)  # fmt: skip
+            # One callback for both (each asking Django whether a transaction is open cost some
+            # 16,000 instructions); in autocommit it runs at once. The writer's trace context is
+            # taken now: the commit may run its callbacks under another span.
+            transaction.on_commit(functools.partial(
+                _committed, node, parent_id=parent_id if same_branch else None, params=params,
+                trace=telemetry.current_carrier(),
+            ))  # fmt: skip
             for item in tool_results or ():
                 put_tool_result(thread=thread, key=item["key"], result=item["result"],
                                 tool=item.get("tool", ""), checkpoint=checkpoint_id)  # fmt: skip
     except BaseException:
         states.drop(checkpoint_id)
         raise
-    return row
+    params["metadata"] = fields["metadata"]
+    return params
 
 
-def _returning(
-    made: Callable[[dict[str, Any]], R],
-) -> Callable[[Callable[Concatenate[Callable[[dict[str, Any]], R], P], R]], Callable[P, R]]:
-    def decorate(write: Callable[Concatenate[Callable[[dict[str, Any]], R], P], R]) -> Callable[P, R]:
+def _returning(made: Callable[[dict[str, Any]], R]) -> Callable[[Callable[P, dict[str, Any]]], Callable[P, R]]:
+    def decorate(write: Callable[P, dict[str, Any]]) -> Callable[P, R]:
         @functools.wraps(write)
         def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-            return write(made, *args, **kwargs)
+            return made(write(*args, **kwargs))
 
         return wrapper
 
@@ -237,8 +222,7 @@ def _returning(
 
 
 def _row(params: dict[str, Any]) -> Checkpoint:
-    # Made before the server's answer, which gives `event_seq` (set by `_append_row` afterwards).
-    return Checkpoint.from_db(DEFAULT_DB_ALIAS, _ROW_FIELDS, [params.get(name) for name in _ROW_FIELDS])
+    return Checkpoint.from_db(DEFAULT_DB_ALIAS, _ROW_FIELDS, [params[name] for name in _ROW_FIELDS])
 
 
 def _row_id(params: dict[str, Any]) -> UUID:
@@ -317,22 +301,13 @@ RETURNING cp.event_seq
 _ROW_FIELDS = tuple(field.attname for field in Checkpoint._meta.concrete_fields)
 
 
-def _append(params: dict[str, Any], *, meanwhile: Callable[[], R]) -> tuple[bool, R]:
-    """Run the append on Django's connection, and `meanwhile` while the server executes it:
-    True when it wrote (its event goes out once committed: `_committed`), False when it wrote
-    nothing (another write got there first, the parent's MAC changed, or the run's lease is lost),
-    with what `meanwhile` made.
-
-    The statement goes through Django's cursor (the query log sees it) in psycopg's pipeline
-    mode (`cursors.pipelined`): sent, then `meanwhile` runs, then the answer is read. In
-    autocommit the commit comes with that read, so the client's work overlaps the server's
-    execution and commit as 8787e87's hand-driven libpq did, without its private psycopg calls.
-    `meanwhile` must not depend on the outcome, nor touch the database."""
+def _append(params: dict[str, Any]) -> bool:
+    """Run the append on Django's connection: True when it wrote (its event goes out once
+    committed: `_committed`), False when it wrote nothing (another write got there first, the
+    parent's MAC changed, or the run's lease is lost)."""
     try:
         cursor = cursors.kept_cursor()
-        with cursors.pipelined(cursor):
-            cursor.execute(_APPEND_SQL, params)
-            made = meanwhile()
+        cursor.execute(_APPEND_SQL, params)
         rows = cursor.fetchall()
     except IntegrityError as exc:
         if not isinstance(exc.__cause__, psycopg.errors.ForeignKeyViolation):
@@ -341,19 +316,17 @@ def _append(params: dict[str, Any], *, meanwhile: Callable[[], R]) -> tuple[bool
         forget_thread(params["thread_id"])
         raise NotFound(f"Thread {params['thread_id']} no longer exists.") from None
     if not rows:
-        return False, made
+        return False
     params["event_seq"] = int(rows[0][0])
-    return True, made
+    return True
 
 
-def _committed(
-    node: Node, *, parent_id: UUID | None, params: dict[str, Any], event: dict[str, Any], trace: dict[str, str]
-) -> None:
+def _committed(node: Node, *, parent_id: UUID | None, params: dict[str, Any], trace: dict[str, str]) -> None:
     """What follows an append's commit: its node takes the place of its branch's old head in this
     process's cache (appends need only a branch's head), and its event goes out."""
     keep_head(node, parent_id=parent_id)
     live.publish(thread_id=node.thread_id, seq=params["event_seq"], type=live.CHECKPOINT_CREATED,
-                 data=event, trace=trace)  # fmt: skip
+                 data=params["event"], trace=trace)  # fmt: skip
 
 
 def _refused(params: dict[str, Any], *, branch_name: str, fence: Fence | None = None) -> Exception:

@@ -33,8 +33,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-import psycopg
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 from psycopg import pq
 from psycopg.types.json import set_json_loads
@@ -97,39 +96,6 @@ def unprepared(wrapper: CursorWrapper) -> Iterator[CursorWrapper]:
         yield wrapper
     finally:
         driver.prepare_threshold = threshold
-
-
-@contextlib.contextmanager
-def pipelined(wrapper: CursorWrapper) -> Iterator[CursorWrapper]:
-    """Run the block with `wrapper`'s connection in psycopg's pipeline mode (`Connection.pipeline()`):
-    a statement executed on `wrapper` in the block is sent, and the block goes on while the server
-    runs it; its answer is read when the block ends (with the Sync that ends the block, so in
-    autocommit its commit too), then `fetchall()` gives its rows. A statement's error is raised
-    when the block ends, as Django's exception (`wrap_database_errors`, what Django's own cursor
-    methods raise through), and the connection is out of pipeline mode again either way.
-
-    The query log, `execute_wrapper`s and tracing see the statement as they see any, but what
-    they time is its sending: its execution is timed by nothing on the client. The block must not
-    run other statements on the connection, nor depend on the answer.
-    """
-    driver = wrapper.cursor.connection  # the psycopg connection under Django's cursor
-    try:
-        with wrapper.db.wrap_database_errors, driver.pipeline():
-            yield wrapper
-    except DatabaseError as exc:
-        if driver.pgconn.pipeline_status == pq.PipelineStatus.OFF:
-            raise
-        # psycopg (3.2) could not leave pipeline mode. An error at the implicit commit that ends the
-        # block in autocommit (a deferred foreign key's check: Django's foreign keys are deferred)
-        # is read as the answer to the Sync, whose own answer then stays unread, and the connection
-        # refuses every statement from then on. Close it (Django opens another for the next
-        # statement) and raise the server's error, which psycopg's own became the context of.
-        wrapper.db.close()
-        server_error = exc.__cause__.__context__ if exc.__cause__ is not None else None
-        if not isinstance(server_error, psycopg.Error):
-            raise
-        with wrapper.db.wrap_database_errors:
-            raise server_error from None
 
 
 def _set_up(wrapper: CursorWrapper, *, json: bool) -> None:

@@ -23,7 +23,8 @@ from langgraph.checkpoint.base import BaseCheckpointSaver, ChannelVersions, Chec
 from langgraph.checkpoint.serde.types import INTERRUPT
 
 from checkpoints.models import Checkpoint, ToolResult
-from integrations.langgraph.saver import QuicksaveSaver, external_id_for, write_tool
+from integrations.langgraph.saver import QuicksaveSaver
+from integrations.langgraph.tables import external_id_for, write_tool
 
 # Checkpoints read from the source per `list` call while scanning it.
 PAGE = 500

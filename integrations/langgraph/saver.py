@@ -59,24 +59,19 @@ rebuilt from, and `copy_thread` copies every checkpoint with its writes.
 from __future__ import annotations
 
 import base64
-import copy
 import functools
 import hashlib
 import math
 import random
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from operator import eq
 from typing import Any, ParamSpec, TypeVar, cast
 from uuid import UUID
 
 from channels.db import database_sync_to_async
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Q, QuerySet
-from django.db.models.fields.json import KT
-from django.db.models.functions import Collate
+from django.db import IntegrityError, transaction
+from django.db.models import Q
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -88,7 +83,6 @@ from langgraph.checkpoint.base import (
     PendingWrite,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.base import Checkpoint as LGCheckpoint
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -97,11 +91,24 @@ from langgraph.checkpoint.serde.types import INTERRUPT, RESUME
 from checkpoints import storage
 from checkpoints.ids import new_id
 from checkpoints.models import Branch, Checkpoint, Thread, ToolResult
-from checkpoints.storage import codec, cursors, lent_connection
+from checkpoints.storage import codec, lent_connection
 from checkpoints.storage.errors import InvalidPatch, NotFound, StaleParent
-from checkpoints.storage.jsonpatch import escape_token, format_pointer, make_patch
 from checkpoints.storage.tool_results import add_tool_results, put_tool_result
-from integrations.langgraph import interrupts
+from integrations.langgraph import interrupts, tables
+from integrations.langgraph.known import Known, KnownCheckpoints
+from integrations.langgraph.tables import PendingWrites
+from integrations.langgraph.values import (
+    MISSING,
+    PLAIN,
+    TYPED,
+    Ops,
+    member_ops,
+    pointer,
+    private,
+    scalar_dicts_ops,
+    shallow_item,
+    shallow_lists,
+)
 from quicksave_agents.fencing import Fence
 from quicksave_agents.keys import get_or_create_agent
 from quicksave_agents.models import Agent
@@ -110,53 +117,14 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 # Inside the saver `list` is a method, so its annotations name these instead.
-PendingWrites = dict[str, list[tuple[str, str, Any]]]
 StoredRows = list[tuple[Checkpoint, dict[str, Any], list[ToolResult]]]
 Tuples = list[CheckpointTuple]
-Ops = list[dict[str, Any]]  # RFC 6902
 EncodedWrites = list[tuple[str, Any]]  # (channel, JSON-safe value)
 Walked = list[tuple[UUID, str, frozenset[str]]]  # (row, LangGraph id, channels) per ancestor
 # A put's outcome: the thread, the new row (None: there already), the private copy of the channel
-# values, and the lists among them whose items are all _shallow.
+# values, and the lists among them whose items are all shallow_item.
 Written = tuple[Thread, UUID | None, dict[str, Any], frozenset[str]]
 Rows = list[UUID]
-
-TYPED = "__lg_typed__"
-# The tool name of the tool-result rows that hold pending writes.
-WRITE_TOOL = "langgraph:write"
-# How many (thread, namespace) pairs a saver remembers its last checkpoint of.
-KNOWN_THREADS = 64
-MISSING: Any = object()
-# The JSON values that decode as themselves.
-PLAIN = frozenset({str, int, float, bool, type(None)})
-
-# LangGraph reads a thread's newest checkpoint before every run. One statement finds the thread,
-# the checkpoint and its pending writes: building the query with the ORM would take longer than
-# running it. It is planned each time (`cursors.unprepared`): a plan made while the tables were
-# young (PostgreSQL's generic plan, made once psycopg prepares the statement at its sixth run, and
-# kept by a lent connection for the process's life) sorted every checkpoint of the thread to find
-# the newest and joined the pending writes by thread alone, reading every write the thread ever
-# made: 1.2 ms a read at 320 steps of bench/langgraph.py, growing with the thread, against 0.06 ms
-# to run and about 0.2 ms to plan afresh (docs/langgraph-benchmark.md, 2026-11-26 21:20).
-_CHECKPOINT_SQL = """
-SELECT cp.id, t.id, cp.metadata, w.key, w.result FROM checkpoints_thread t
-CROSS JOIN LATERAL (
-    SELECT c.id, c.metadata FROM checkpoints_checkpoint c
-    WHERE c.thread_id = t.id AND c.metadata ? 'lg_id' {at}
-    ORDER BY (c.metadata ->> 'lg_id') COLLATE "C" DESC LIMIT 1
-) cp
-LEFT JOIN checkpoints_toolresult w ON w.thread_id = t.id AND w.tool = %(write_tool)s || (cp.metadata ->> 'lg_id')
-WHERE t.agent_id = %(agent)s AND t.external_id = %(external_id)s
-ORDER BY w.created_at, w.id
-"""
-_LATEST_CHECKPOINT_SQL = _CHECKPOINT_SQL.format(at="")
-_CHECKPOINT_AT_SQL = _CHECKPOINT_SQL.format(at="""AND (c.metadata ->> 'lg_id') COLLATE "C" = %(lg_id)s""")
-
-
-def write_tool(lg_id: str) -> str:
-    """The tool name a pending write is stored under: results are sealed, so the LangGraph
-    checkpoint id a write belongs to is kept in this clear column to select by."""
-    return f"{WRITE_TOOL}:{lg_id}"
 
 
 def _borrowing_connection(method: Callable[P, R]) -> Callable[P, R]:
@@ -174,73 +142,6 @@ def _borrowing_connection(method: Callable[P, R]) -> Callable[P, R]:
             return method(*args, **kwargs)
 
     return wrapper
-
-
-def external_id_for(thread_id: str, checkpoint_ns: str) -> str:
-    """The Quicksave thread external id of a LangGraph thread and namespace."""
-    return f"{thread_id}#{checkpoint_ns}" if checkpoint_ns else thread_id
-
-
-@dataclass(slots=True)
-class Known:
-    """A LangGraph checkpoint this saver just wrote or read, with a private copy of its channel
-    values: the next checkpoint after it is written as a patch of what changed."""
-
-    thread: Thread
-    lg_id: str
-    row: UUID
-    values: dict[str, Any]  # by channel: copies no one outside this saver holds (see _private)
-    # The list channels in `values` whose items are all _shallow (messages as plain JSON, mostly).
-    shallow: frozenset[str]
-    # The (LangGraph id, row) of the checkpoint this one was written after, whose pending writes
-    # LangGraph may still be saving.
-    previous: tuple[str, UUID] | None = None
-
-    def lists(self) -> dict[str, list[Any]]:
-        """Fresh copies of the list channels: a read of this very checkpoint hands those out
-        instead of decoding the stored values again. LangGraph reads the thread's checkpoint
-        before every run, so a growing message list is copied on every step: a list of
-        _shallow items is copied a dict at a time, without walking each item again."""
-        return {
-            name: _shallow_copy(value) if name in self.shallow else _private(value)
-            for name, value in self.values.items()
-            if type(value) is list
-        }
-
-    def row_of(self, lg_id: str) -> UUID | None:
-        if lg_id == self.lg_id:
-            return self.row
-        return self.previous[1] if self.previous is not None and self.previous[0] == lg_id else None
-
-
-class KnownCheckpoints:
-    """The last checkpoint of each (LangGraph thread, namespace) a saver touched, least recently
-    used first out. Only a hint: a put checks that its parent is the one remembered."""
-
-    def __init__(self, size: int = KNOWN_THREADS) -> None:
-        self._known: OrderedDict[tuple[str, str], Known] = OrderedDict()
-        self._size = size
-        self._lock = threading.Lock()
-
-    def get(self, thread_id: str, checkpoint_ns: str) -> Known | None:
-        with self._lock:
-            known = self._known.get((thread_id, checkpoint_ns))
-            if known is not None:
-                self._known.move_to_end((thread_id, checkpoint_ns))
-            return known
-
-    def remember(self, thread_id: str, checkpoint_ns: str, known: Known) -> None:
-        with self._lock:
-            self._known[(thread_id, checkpoint_ns)] = known
-            self._known.move_to_end((thread_id, checkpoint_ns))
-            while len(self._known) > self._size:
-                self._known.popitem(last=False)
-
-    def forget(self, thread_id: str, checkpoint_ns: str | None = None) -> None:
-        """Forget one namespace of a thread, or all of them."""
-        with self._lock:
-            for key in [key for key in self._known if key[0] == thread_id and checkpoint_ns in (None, key[1])]:
-                del self._known[key]
 
 
 class QuicksaveSaver(BaseCheckpointSaver[str]):
@@ -344,7 +245,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
     def _thread(self, thread_id: str, checkpoint_ns: str, *, create: bool = False) -> Thread | None:
         thread_id = str(thread_id)  # LangGraph accepts any thread id; a UUID is common
-        external_id = external_id_for(thread_id, checkpoint_ns)
+        external_id = tables.external_id_for(thread_id, checkpoint_ns)
         if create:
             return storage.create_thread(
                 agent=self._get_agent(),
@@ -378,34 +279,28 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         configurable = config["configurable"]
         thread_id, checkpoint_ns = str(configurable["thread_id"]), configurable.get("checkpoint_ns", "")
         lg_id = get_checkpoint_id(config)
-        params: dict[str, int | str | None] = {
-            "agent": self._get_agent().pk, "external_id": external_id_for(thread_id, checkpoint_ns),
-            "lg_id": lg_id, "write_tool": write_tool(""),
-        }  # fmt: skip
-        # On a kept cursor, as the store's appends: a new cursor each read cost a tenth of the
-        # read's instructions. Its results are binary: the metadata comes back parsed. Planned
-        # each time, never prepared (see _CHECKPOINT_SQL).
-        cursor = cursors.kept_cursor("langgraph-read")
-        with cursors.unprepared(cursor):
-            cursor.execute(_CHECKPOINT_AT_SQL if lg_id else _LATEST_CHECKPOINT_SQL, params)
-        found = cursor.fetchall()
+        found = tables.checkpoint_with_writes(
+            agent_id=self._get_agent().pk, thread_id=thread_id, checkpoint_ns=checkpoint_ns, lg_id=lg_id
+        )
         if not found:
             return None
-        row, thread_pk, metadata = found[0][0], found[0][1], _json(found[0][2])
+        row, thread_pk, metadata = found[0][0], found[0][1], tables.jsonb(found[0][2])
         # A ToolResult opens its sealed result (bound to its thread and key) when read.
         results = [
             ToolResult(thread_id=thread_pk, key=key, result=bytes(sealed)).result for *_, key, sealed in found if key
         ]
         known = self._known.get(thread_id, checkpoint_ns)
         reuse = known.lists() if known is not None and known.row == row and known.thread.pk == thread_pk else {}
-        read = self._tuple(thread_id, checkpoint_ns, row, metadata, _pending(results, self._decode), reuse=reuse)
+        read = self._tuple(
+            thread_id, checkpoint_ns, row, metadata, tables.pending_writes(results, self._decode), reuse=reuse
+        )
         thread = (
             known.thread if known is not None and known.thread.pk == thread_pk else Thread.objects.get(pk=thread_pk)
         )
         # The graph goes on from these values: remember a copy of them, so the next put sees what changed.
         if known is None or known.row != row or known.thread.pk != thread_pk:
-            held = {name: _private(value) for name, value in read.checkpoint["channel_values"].items()}
-            known = Known(thread=thread, lg_id=metadata["lg_id"], row=row, values=held, shallow=_shallow_lists(held))
+            held = {name: private(value) for name, value in read.checkpoint["channel_values"].items()}
+            known = Known(thread=thread, lg_id=metadata["lg_id"], row=row, values=held, shallow=shallow_lists(held))
             self._known.remember(thread_id, checkpoint_ns, known)
         return read
 
@@ -432,7 +327,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         threads = {t.pk: t for t in self._threads(configurable.get("thread_id"), configurable.get("checkpoint_ns"))}
         if not threads:
             return []
-        rows = _by_lg_id(Checkpoint.objects.filter(thread_id__in=list(threads)))
+        rows = tables.by_lg_id(Checkpoint.objects.filter(thread_id__in=list(threads)))
         if checkpoint_id := configurable.get("checkpoint_id"):
             rows = rows.filter(_lg_order=checkpoint_id)
         if before is not None and (before_id := get_checkpoint_id(before)):
@@ -496,9 +391,9 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return {}
         scope = Q()
         for thread_id, lg_ids in by_thread.items():
-            scope |= Q(thread_id=thread_id, tool__in=[write_tool(lg_id) for lg_id in lg_ids])
+            scope |= Q(thread_id=thread_id, tool__in=[tables.write_tool(lg_id) for lg_id in lg_ids])
         stored = ToolResult.objects.filter(scope).order_by("created_at", "id")
-        return _pending((result.result for result in stored), self._decode)
+        return tables.pending_writes((result.result for result in stored), self._decode)
 
     # ------------------------------------------------------------------ writes
 
@@ -555,16 +450,16 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     ) -> Written:
         """Write the checkpoint's full state, which the store diffs against its parent's.
         Returns the thread, the new row (None when the checkpoint was there already), a
-        private copy of the channel values and which of them are lists of _shallow items."""
+        private copy of the channel values and which of them are lists of shallow_item items."""
         thread = self._thread(thread_id, checkpoint_ns, create=True)
         assert thread is not None
         state = {key: self._encode(value) for key, value in checkpoint.items() if key != "channel_values"}
         state["channel_values"] = {name: self._encode(value) for name, value in values.items()}
-        if _with_lg_id(thread, checkpoint["id"]).exists():
+        if tables.with_lg_id(thread, checkpoint["id"]).exists():
             return thread, None, {}, frozenset()
         row = self._append(thread, lg_id=checkpoint["id"], lg_parent=lg_parent, lg_metadata=lg_metadata, state=state)
-        held = {name: _private(value) for name, value in values.items()}
-        return thread, row, held, _shallow_lists(held)
+        held = {name: private(value) for name, value in values.items()}
+        return thread, row, held, shallow_lists(held)
 
     def _put_patch(
         self,
@@ -604,21 +499,21 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     ) -> Ops:
         """RFC 6902 ops from the parent's stored state to the checkpoint's, encoding only what
         changed; fills `held` with the private copy of the checkpoint's channel values and
-        `shallow` with the lists among them whose items are all _shallow."""
+        `shallow` with the lists among them whose items are all shallow_item."""
         ops: Ops = []
         for key, value in checkpoint.items():
             if key != "channel_values":
                 stored_member = parent.get(key, MISSING)
-                fast = _scalar_dicts_ops(stored_member, value, _pointer(key))
-                ops += fast if fast is not None else _member_ops(stored_member, self._encode(value), _pointer(key))
-        ops += [{"op": "remove", "path": _pointer(key)} for key in parent if key not in checkpoint]
+                fast = scalar_dicts_ops(stored_member, value, pointer(key))
+                ops += fast if fast is not None else member_ops(stored_member, self._encode(value), pointer(key))
+        ops += [{"op": "remove", "path": pointer(key)} for key in parent if key not in checkpoint]
         stored = parent.get("channel_values")
         if not isinstance(stored, dict):
             encoded = {name: self._encode(value) for name, value in values.items()}
-            held.update((name, _private(value)) for name, value in values.items())
-            shallow.update(_shallow_lists(held))
+            held.update((name, private(value)) for name, value in values.items())
+            shallow.update(shallow_lists(held))
             return [*ops, {"op": "add", "path": "/channel_values", "value": encoded}]
-        ops += [{"op": "remove", "path": _pointer("channel_values", name)} for name in stored if name not in values]
+        ops += [{"op": "remove", "path": pointer("channel_values", name)} for name in stored if name not in values]
         for name, value in values.items():
             channel_ops, held[name], is_shallow = self._channel_ops(
                 name, value, stored.get(name, MISSING), known.values.get(name, MISSING),
@@ -633,7 +528,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         self, name: str, value: Any, stored: Any, held: Any, *, changed: bool, shallow: bool
     ) -> tuple[Ops, Any, bool]:
         """Ops turning a channel's stored value into `value`, the private copy of `value`, and
-        whether that copy is a list of _shallow items (`shallow`: whether `held` is).
+        whether that copy is a list of shallow_item items (`shallow`: whether `held` is).
 
         O(change) when LangGraph did not write the channel, or when `value` is a list whose first
         items equal those of `held` (the private copy of the parent's value) and the rest are new:
@@ -648,13 +543,13 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             and len(stored) == len(held) <= len(value)
             and all(map(eq, value, held))
         ):
-            end = _pointer("channel_values", name, "-")
+            end = pointer("channel_values", name, "-")
             added = value[len(held) :]
             ops = [{"op": "add", "path": end, "value": self._encode(item)} for item in added]
-            return ops, [*held, *map(_private, added)], shallow and all(map(_shallow, added))
-        copied = _private(value)
-        ops = _member_ops(stored, self._encode(value), _pointer("channel_values", name))
-        return ops, copied, type(copied) is list and all(map(_shallow, copied))
+            return ops, [*held, *map(private, added)], shallow and all(map(shallow_item, added))
+        copied = private(value)
+        ops = member_ops(stored, self._encode(value), pointer("channel_values", name))
+        return ops, copied, type(copied) is list and all(map(shallow_item, copied))
 
     def _append(
         self,
@@ -682,7 +577,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             "metadata": {"lg_id": lg_id, "lg_parent": lg_parent, "lg_metadata": lg_metadata},
         }
         if parent is None and lg_parent:
-            parent = _row_of(thread, lg_parent)
+            parent = tables.row_of(thread, lg_parent)
         if parent is None:
             assert patch is None, "a patch needs its parent"
             if not Checkpoint.objects.filter(thread=thread).exists():
@@ -698,7 +593,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
             return storage.append_checkpoint_id(thread=thread, parent=parent, fence=self.fence, **fields)
         except StaleParent:
             pass  # the parent is not the head of its branch (a replay, a fork): branch off it
-        if patch is not None and _row_of(thread, lg_id) is not None:
+        if patch is not None and tables.row_of(thread, lg_id) is not None:
             return None
         branch = storage.start_branch(thread=thread, at=parent, name=_branch_name(lg_id))
         return storage.append_checkpoint_id(
@@ -754,7 +649,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
     def _row_of_writes(self, thread: Thread, key: tuple[str, str, str]) -> UUID | None:
         """The row pending writes link to, by (thread, namespace, LangGraph id): none while its
         put is under way here, as it would not be found before that put commits."""
-        return None if key in self._putting else _row_of(thread, key[2])
+        return None if key in self._putting else tables.row_of(thread, key[2])
 
     def _store_writes(
         self, thread: Thread, row: UUID | None, lg_id: str, task_id: str, task_path: str, writes: EncodedWrites
@@ -771,13 +666,15 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
                 "channel": channel, "value": encoded,
             }))  # fmt: skip
         # One statement, so one commit, however many writes the task made.
-        add_tool_results(thread=thread, results=results, tool=write_tool(lg_id), checkpoint=row, fence=self.fence)
+        add_tool_results(
+            thread=thread, results=results, tool=tables.write_tool(lg_id), checkpoint=row, fence=self.fence
+        )
 
     def _interrupted(self, thread: Thread, lg_id: str, task_id: str, writes: Sequence[tuple[str, Any]]) -> None:
         """File the approvals an interrupt asks for, or leave them to put() when LangGraph saved
         the writes before the checkpoint itself (it does both at once under async durability)."""
         with self._unfiled_lock:
-            row = _row_of(thread, lg_id)
+            row = tables.row_of(thread, lg_id)
             if row is None:
                 self._unfiled.setdefault((thread.pk, lg_id), []).append((task_id, list(writes)))
                 return
@@ -839,7 +736,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         for thread_id in thread_ids:
             self._known.forget(str(thread_id))
             for thread in self._threads(thread_id, None):
-                latest = _by_lg_id(Checkpoint.objects.filter(thread=thread)).only("id", "metadata").first()
+                latest = tables.by_lg_id(Checkpoint.objects.filter(thread=thread)).only("id", "metadata").first()
                 if strategy == "delete" or latest is None:
                     _delete(thread)
                 else:
@@ -878,9 +775,9 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         found: dict[str, list[PendingWrite]] = {name: [] for name in channels}
         walked, seeds = self._delta_walk(thread, get_checkpoint_id(config), channels) if thread else ([], {})
         if thread is not None and walked:
-            tools = [write_tool(lg_id) for _, lg_id, _ in walked]
+            tools = [tables.write_tool(lg_id) for _, lg_id, _ in walked]
             stored = ToolResult.objects.filter(thread=thread, tool__in=tools).order_by("created_at", "id")
-            writes = _latest_writes(result.result for result in stored)
+            writes = tables.latest_writes(result.result for result in stored)
             for _, lg_id, wanted in reversed(walked):
                 for write in writes.get(lg_id, []):
                     if (channel := write["channel"]) in wanted:
@@ -898,9 +795,11 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         ancestors walked as (row, LangGraph id, the channels whose writes there count) and the
         stored (encoded) value each channel stopped at."""
         if lg_id is None:
-            lg_id = _by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("_lg_order", flat=True).first()
+            lg_id = (
+                tables.by_lg_id(Checkpoint.objects.filter(thread=thread)).values_list("_lg_order", flat=True).first()
+            )
         remaining, walked, seeds = set(channels), Walked(), {}
-        for row, ancestor in _ancestors(thread, lg_id) if lg_id else ():
+        for row, ancestor in tables.ancestors(thread, lg_id) if lg_id else ():
             if not remaining:
                 break
             # The ancestor's own writes led to the next checkpoint on the path: they count even
@@ -929,7 +828,7 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
         if keep is not None:
             rows = rows.filter(pk__in=list(keep))
         writes: dict[str, list[ToolResult]] = {}
-        pending = ToolResult.objects.filter(thread=source, tool__startswith=f"{WRITE_TOOL}:")
+        pending = ToolResult.objects.filter(thread=source, tool__startswith=f"{tables.WRITE_TOOL}:")
         for result in pending.order_by("created_at", "id"):
             writes.setdefault(result.result["lg_id"], []).append(result)
         return [(row, storage.state_at(row.pk), writes.get(row.metadata["lg_id"], [])) for row in rows]
@@ -1001,245 +900,6 @@ class QuicksaveSaver(BaseCheckpointSaver[str]):
 
 def _config(thread_id: str, checkpoint_ns: str, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": thread_id, "checkpoint_ns": checkpoint_ns, "checkpoint_id": checkpoint_id}}
-
-
-def _by_lg_id(rows: Any) -> Any:
-    """Newest LangGraph checkpoint first: its ids are time-ordered and compare as bytes.
-
-    A checkpoint written in the thread by other means (a dashboard edit) has no LangGraph id
-    and is not LangGraph's to see until a hydrator gives it one.
-    """
-    return (
-        rows.filter(metadata__has_key="lg_id")
-        .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
-        .order_by("-_lg_order")
-    )
-
-
-def _with_lg_id(thread: Thread, lg_id: str) -> QuerySet[Checkpoint]:
-    """The thread's row of a LangGraph checkpoint id (through the checkpoint_langgraph_id index)."""
-    return (
-        Checkpoint.objects.filter(thread=thread, metadata__has_key="lg_id")
-        .annotate(_lg_order=Collate(KT("metadata__lg_id"), "C"))
-        .filter(_lg_order=lg_id)
-    )
-
-
-def _pending(results: Iterable[dict[str, Any]], decode: Callable[[Any], Any]) -> PendingWrites:
-    """Pending writes per LangGraph checkpoint id from their rows' results, oldest rows first."""
-    return {
-        lg_id: [(w["task_id"], w["channel"], decode(w["value"])) for w in found]
-        for lg_id, found in _latest_writes(results).items()
-    }
-
-
-def _latest_writes(results: Iterable[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """The stored writes per LangGraph checkpoint id from their rows' results, oldest rows first:
-    the newest row wins per (task, index), and each checkpoint's come in the order a superstep
-    applies them (LangGraph's `writes_sort_key`), which a DeltaChannel is rebuilt in."""
-    latest: dict[str, dict[tuple[str, int], dict[str, Any]]] = {}
-    for result in results:
-        latest.setdefault(result["lg_id"], {})[(result["task_id"], result["idx"])] = result
-    return {
-        lg_id: sorted(found.values(), key=lambda w: writes_sort_key(w.get("task_path", ""), w["task_id"], w["idx"]))
-        for lg_id, found in latest.items()
-    }
-
-
-# A checkpoint's LangGraph ancestors, from the checkpoint itself, up to `depth` parents: each row is
-# found by thread and LangGraph id through the checkpoint_langgraph_id index.
-_ANCESTORS_SQL = """
-WITH RECURSIVE chain(id, lg_id, lg_parent, depth) AS (
-    SELECT c.id, c.metadata ->> 'lg_id', c.metadata ->> 'lg_parent', 0 FROM checkpoints_checkpoint c
-    WHERE c.thread_id = %(thread)s AND c.metadata ? 'lg_id' AND (c.metadata ->> 'lg_id') COLLATE "C" = %(lg_id)s
-    UNION ALL
-    SELECT p.id, p.lg_id, p.lg_parent, chain.depth + 1 FROM chain CROSS JOIN LATERAL (
-        SELECT c.id, c.metadata ->> 'lg_id' AS lg_id, c.metadata ->> 'lg_parent' AS lg_parent
-        FROM checkpoints_checkpoint c
-        WHERE c.thread_id = %(thread)s AND c.metadata ? 'lg_id'
-        AND (c.metadata ->> 'lg_id') COLLATE "C" = chain.lg_parent
-        LIMIT 1
-    ) p
-    WHERE chain.depth < %(depth)s
-)
-SELECT id, lg_id, lg_parent FROM chain ORDER BY depth
-"""
-# How many ancestors one query reads: a DeltaChannel stores its value every 100 updates by default.
-ANCESTORS_PAGE = 64
-
-
-def _ancestors(thread: Thread, lg_id: str) -> Iterator[tuple[UUID, str]]:
-    """The (row, LangGraph id) of each LangGraph ancestor of a checkpoint, parent first, read a
-    page at a time. Ends at the root, at a parent the thread no longer holds (pruned), or at a
-    checkpoint seen already (a loop, which only a forged parent makes)."""
-    seen, anchor, skip = {lg_id}, lg_id, 1  # the first page starts with the checkpoint itself
-    while anchor:
-        with connection.cursor() as cursor:
-            cursor.execute(_ANCESTORS_SQL, {"thread": thread.pk, "lg_id": anchor, "depth": ANCESTORS_PAGE})
-            page = cursor.fetchall()
-        for row, ancestor, _ in page[skip:]:
-            if ancestor in seen:
-                return
-            seen.add(ancestor)
-            yield row, ancestor
-        if len(page) <= ANCESTORS_PAGE:
-            return
-        anchor, skip = page[-1][2], 0
-
-
-def _json(value: Any) -> Any:
-    """A jsonb column read through Django's connection, which loads jsonb as text."""
-    return codec.loads(value) if isinstance(value, str | bytes) else value
-
-
-def _row_of(thread: Thread, lg_id: str) -> UUID | None:
-    """The id of the thread's row of a LangGraph checkpoint id, if it has one."""
-    # No ORDER BY: the (thread, LangGraph id) index finds the row, an ordering would only cost.
-    return next(iter(_with_lg_id(thread, lg_id).order_by().values_list("id", flat=True)[:1]), None)
-
-
-def _private(value: Any) -> Any:
-    """A copy of a channel value that shares nothing mutable with `value`: the saver's own, or one
-    to hand out. Plain JSON is copied by hand (most channel values are), anything else deeply."""
-    kind = type(value)
-    if kind in PLAIN:
-        return value
-    if kind is list:
-        return [item if type(item) in PLAIN else _private(item) for item in value]
-    if kind is dict:
-        # A message is mostly a flat dict of strings: copied in C, then its nested values replaced.
-        copied = value.copy()
-        for key, item in value.items():
-            if type(item) not in PLAIN:
-                copied[key] = _private(item)
-        return copied
-    return copy.deepcopy(value)
-
-
-def _shallow(item: Any) -> bool:
-    """Whether `item` is a JSON scalar or a dict of them (a message as plain JSON), which a copy
-    of the dict alone makes private."""
-    kind = type(item)
-    return kind in PLAIN or (kind is dict and all(type(value) in PLAIN for value in item.values()))
-
-
-def _shallow_copy(items: list[Any]) -> list[Any]:
-    """A private copy of a list of _shallow items: each dict copied, scalars as they are."""
-    try:
-        # A message list as plain JSON holds dicts alone: copied by one C loop, not a Python one
-        # per item (half the instructions of a read at a thousand messages). `dict.copy` refuses
-        # anything but a dict, and a _shallow item is a dict or a scalar, never a subclass.
-        return list(map(dict.copy, items))
-    except TypeError:
-        return [item.copy() if type(item) is dict else item for item in items]
-
-
-def _shallow_lists(values: Mapping[str, Any]) -> frozenset[str]:
-    """The names of the lists in `values` whose items are all _shallow."""
-    return frozenset(name for name, value in values.items() if type(value) is list and all(map(_shallow, value)))
-
-
-@functools.lru_cache(maxsize=4096)
-def _pointer(*tokens: str) -> str:
-    """The JSON pointer of a checkpoint member or channel: the same few on every put."""
-    return format_pointer(tokens)
-
-
-def _member_ops(stored: Any, value: Any, path: str) -> Ops:
-    """Ops turning the stored value at `path` (MISSING: none) into `value`, both JSON-safe.
-
-    A flat dict of which at least half the members changed (`channel_versions` after a node ran,
-    a dict channel a node returns anew each step) is replaced whole: one op instead of one per
-    member, no more bytes, and each op the store checks and applies costs about 30,000
-    instructions (of a put's 1.7 million)."""
-    if stored is MISSING:
-        return [{"op": "add", "path": path, "value": value}]
-    kind = type(value)
-    if (kind is str or kind is int) and type(stored) is kind:
-        # A checkpoint's id, time and version, a counter channel: what make_patch would find,
-        # without its walk (a put's members are mostly such scalars).
-        return [] if value == stored else [{"op": "replace", "path": path, "value": value}]
-    ops = make_patch(stored, value, path)
-    if len(ops) > 1 and type(value) is dict and 2 * len(ops) >= len(value) and _flat(value):
-        return [{"op": "replace", "path": path, "value": value}]
-    return ops
-
-
-def _flat(value: dict[str, Any]) -> bool:
-    """Whether every member of a dict is a JSON scalar."""
-    return all(type(item) in PLAIN for item in value.values())
-
-
-# The JSON scalars `_encode` keeps as they are (a str without NUL) and whose JSON equality, between
-# two of one type, is Python's: no float (1 == 1.0 in JSON, and a float may need an envelope).
-_SCALARS = frozenset({str, int, bool, type(None)})
-
-
-def _scalar_dict(value: Any) -> bool:
-    """Whether `value` is a dict of _SCALARS under str keys, with no NUL in any string: `_encode`
-    gives it back equal to itself (LangGraph's channel versions, and a node's versions seen)."""
-    if type(value) is not dict or TYPED in value:
-        return False
-    for key, item in value.items():
-        kind = type(item)
-        if type(key) is not str or "\x00" in key or kind not in _SCALARS or (kind is str and "\x00" in item):
-            return False
-    return True
-
-
-def _scalar_dict_ops(stored: dict[str, Any], value: dict[str, Any], path: str, ops: Ops) -> bool:
-    """Append to `ops` what make_patch finds from `stored` to `value`, two _scalar_dicts, without
-    its walk; False (nothing appended) when `stored` holds a float, which make_patch compares as JSON."""
-    if not stored and not value:
-        return True
-    if not stored or not value or stored.keys().isdisjoint(value):
-        ops.append({"op": "replace", "path": path, "value": value})
-        return True
-    found: Ops = [{"op": "remove", "path": f"{path}/{escape_token(key)}"} for key in stored if key not in value]
-    for key, item in value.items():
-        old = stored.get(key, MISSING)
-        if old is item:
-            continue
-        if type(old) is float:
-            return False
-        if old is MISSING:
-            found.append({"op": "add", "path": f"{path}/{escape_token(key)}", "value": item})
-        elif type(old) is not type(item) or old != item:
-            found.append({"op": "replace", "path": f"{path}/{escape_token(key)}", "value": item})
-    ops += found
-    return True
-
-
-def _scalar_dicts_ops(stored: Any, value: Any, path: str) -> Ops | None:
-    """`_member_ops(stored, self._encode(value), path)` for a checkpoint member that is a
-    _scalar_dict (`channel_versions`) or a dict of them (`versions_seen`), both changed on nearly
-    every put, without encoding and walking them; None for any other member, or when unsure.
-
-    A third of a put's own Python went to these two members through `_encode` and make_patch."""
-    if type(stored) is not dict or type(value) is not dict or TYPED in value or TYPED in stored:
-        return None
-    ops: Ops = []
-    if _scalar_dict(value):
-        if not _scalar_dict(stored) or not _scalar_dict_ops(stored, value, path, ops):
-            return None
-        if len(ops) > 1 and 2 * len(ops) >= len(value):
-            return [{"op": "replace", "path": path, "value": value}]  # as _member_ops collapses a flat dict
-        return ops
-    # A dict of _scalar_dicts: make_patch's walk of its outer dict, each member by the rule above.
-    if not all(type(key) is str and "\x00" not in key and _scalar_dict(item) for key, item in value.items()):
-        return None
-    if not stored or not value or stored.keys().isdisjoint(value):
-        return None  # rare (the first put after a thread starts): make_patch decides
-    ops += [{"op": "remove", "path": f"{path}/{escape_token(key)}"} for key in stored if key not in value]
-    for key, item in value.items():
-        old = stored.get(key, MISSING)
-        if old is item:
-            continue
-        if old is MISSING:
-            ops.append({"op": "add", "path": f"{path}/{escape_token(key)}", "value": item})
-        elif not _scalar_dict(old) or not _scalar_dict_ops(old, item, f"{path}/{escape_token(key)}", ops):
-            return None
-    return ops
 
 
 def _branch_name(lg_id: str) -> str:

@@ -20,7 +20,7 @@ from approvals.models import ApprovalRequest, ApprovalStatus
 from approvals.services import decide
 from checkpoints import storage
 from checkpoints.models import Checkpoint, Thread, ThreadStatus
-from integrations.langgraph import saver as langgraph_saver
+from integrations.langgraph import tables
 from integrations.langgraph.interrupts import resume_for
 from integrations.langgraph.saver import QuicksaveSaver
 from quicksave_agents.fencing import Fence, LeaseLost
@@ -358,7 +358,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
     at: RunnableConfig = {"configurable": {**config["configurable"], "checkpoint_id": checkpoint["id"]}}
     looked = threading.Event()
     notes = WatchedLock()
-    real_row_of, real_append = langgraph_saver._row_of, storage.append_checkpoint_id
+    real_row_of, real_append = tables.row_of, storage.append_checkpoint_id
     intercepted: list[bool] = []
 
     def row_of(thread: Thread, lg_id: str) -> Any:
@@ -375,7 +375,7 @@ def test_an_interrupt_noted_while_its_checkpoint_commits_is_still_filed(monkeypa
         return real_append(**kwargs)
 
     monkeypatch.setattr(saver, "_unfiled_lock", notes)
-    monkeypatch.setattr(langgraph_saver, "_row_of", row_of)
+    monkeypatch.setattr(tables, "row_of", row_of)
     monkeypatch.setattr(storage, "append_checkpoint_id", append_checkpoint_id)
     interrupt = (Interrupt(value={"action": "deploy", "args": {"env": "prod"}}, id="1" * 32),)
     writer = threading.Thread(target=saver.put_writes, args=(at, [(INTERRUPT, interrupt)], "task-1"))

@@ -25,8 +25,10 @@ from langgraph.types import Command, interrupt
 
 from checkpoints import storage
 from checkpoints.models import Branch, Checkpoint, PayloadKind, Thread, ToolResult
-from integrations.langgraph import saver as langgraph_saver
-from integrations.langgraph.saver import TYPED, WRITE_TOOL, QuicksaveSaver
+from integrations.langgraph import values
+from integrations.langgraph.saver import QuicksaveSaver
+from integrations.langgraph.tables import WRITE_TOOL
+from integrations.langgraph.values import TYPED
 from tests.conftest import message
 from tests.processes import ROOT, database_url
 
@@ -531,10 +533,10 @@ def test_channel_versions_and_versions_seen_are_diffed_as_make_patch_diffs_them(
         stored, value = rng.choice([(flat(rng.random() < 0.1), flat()), (nested(), nested())])
         if rng.random() < 0.5:  # most puts change a few members of the last checkpoint's
             value = {**stored, **{k: v for k, v in value.items() if rng.random() < 0.3}}
-        fast = langgraph_saver._scalar_dicts_ops(stored, value, "/m")
+        fast = values.scalar_dicts_ops(stored, value, "/m")
         if fast is not None:
             taken += 1
-            assert fast == langgraph_saver._member_ops(stored, saver._encode(value), "/m"), (stored, value)
+            assert fast == values.member_ops(stored, saver._encode(value), "/m"), (stored, value)
     assert taken > 2000
 
 

@@ -12,6 +12,7 @@ work.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -412,8 +413,6 @@ def _write(
     )  # fmt: skip
 
 
-# Nothing, rather than a foreign-key error, in a namespace deleted since this process remembered it
-# (the statement's last column says so: memory.spaces).
 def _bigint_array(numbers: list[int] | None) -> str | None:
     """A bigint[] as its text literal: psycopg adapts a list of ints element by element, which
     cost a put more than anything else it sends."""
@@ -423,11 +422,11 @@ def _bigint_array(numbers: list[int] | None) -> str | None:
 _INSERT_ITEM = """
     INSERT INTO memory_item (id, namespace_id, key, version, deleted, value, value_bytes, integrity, head_mac,
         tokens, indexed, since_snapshot, created_at, updated_at, expires_at, ttl_minutes)
-    SELECT %(item)s::uuid, %(namespace)s::bigint, %(key)s::text, %(version)s::int, %(deleted)s::bool,
+    SELECT %(item)s::uuid, ns.id, %(key)s::text, %(version)s::int, %(deleted)s::bool,
         %(value)s::bytea, %(value_bytes)s::int, %(integrity)s::bytea, %(head_mac)s::bytea, %(tokens)s::bigint[],
         %(indexed)s::bool, %(since_snapshot)s::int, %(created_at)s::timestamptz, %(updated_at)s::timestamptz,
         %(expires_at)s::timestamptz, %(ttl)s::float8
-    WHERE EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s::bigint)
+    FROM ns
     ON CONFLICT (namespace_id, key) DO NOTHING RETURNING id, value
 """
 _UPDATE_ITEM = """
@@ -447,6 +446,18 @@ _INSERT_VERSION = """
     FROM item RETURNING 1
 """
 _DROP_ENTRIES = "DELETE FROM memory_indexentry x USING item WHERE x.item_id = item.id"
+# The namespace, read once: a new item is inserted FROM it (nothing, rather than a foreign-key
+# error at commit, when it was deleted since this process remembered it), and the statement's
+# last column says whether it was there.
+_NAMESPACE = "ns AS (SELECT id FROM memory_namespace WHERE id = %(namespace)s::bigint)"
+_WRITTEN_NEW = " SELECT (SELECT count(*) FROM version), EXISTS (SELECT 1 FROM ns)"
+# An update that wrote its row found the item, so its namespace is there: the namespace is looked
+# up only when nothing was written (OR stops at its first true operand, and the uncorrelated
+# EXISTS is an init plan run when first needed).
+_WRITTEN_UPDATE = (
+    " SELECT written.n, written.n > 0 OR EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s::bigint)"
+    " FROM (SELECT count(*) AS n FROM version) AS written"
+)
 _INSERT_ENTRIES = """
     INSERT INTO memory_indexentry (item_id, namespace_id, field, lexemes, embedding, dims)
     SELECT item.id, %(namespace)s, e.field, to_tsvector('simple', e.text), e.embedding::real[], e.dims
@@ -455,15 +466,25 @@ _INSERT_ENTRIES = """
 """
 
 
+@functools.cache
+def _statement(new: bool, drop_entries: bool, entries: bool) -> tuple[str, str]:
+    """The put's statement of each shape, made once (the same str object each time: see
+    _execute), and the role of the kept cursor it runs on."""
+    item = f"{_NAMESPACE}, item AS ({_INSERT_ITEM})" if new else f"item AS ({_UPDATE_ITEM})"
+    sql = "".join((
+        f"WITH {item}, version AS ({_INSERT_VERSION})",
+        f", dropped AS ({_DROP_ENTRIES})" if drop_entries else "",
+        f", entries AS ({_INSERT_ENTRIES})" if entries else "",
+        _WRITTEN_NEW if new else _WRITTEN_UPDATE,
+    ))  # fmt: skip
+    return f"memory-put-{'new' if new else 'next'}-{int(drop_entries)}{int(entries)}", sql
+
+
 def _execute(
     new: bool, item: dict[str, Any], row: dict[str, Any], entries: list[IndexText], drop_entries: bool
 ) -> bool:
-    parts = [f"WITH item AS ({_INSERT_ITEM if new else _UPDATE_ITEM}), version AS ({_INSERT_VERSION})"]
     params = {**item, **row}
-    if drop_entries:
-        parts.append(f", dropped AS ({_DROP_ENTRIES})")
     if entries:
-        parts.append(f", entries AS ({_INSERT_ENTRIES})")
         params["fields"] = [entry.field for entry in entries]
         params["texts"] = [entry.text for entry in entries]
         params["embeddings"] = [
@@ -471,13 +492,13 @@ def _execute(
             for entry in entries
         ]
         params["dims"] = [len(entry.embedding) if entry.embedding else None for entry in entries]
-    parts.append(
-        " SELECT (SELECT count(*) FROM version), EXISTS (SELECT 1 FROM memory_namespace WHERE id = %(namespace)s)"
-    )
-    # A kept cursor of its own (storage.kept_cursor): a new one looks up again the dumper of each of
-    # some thirty parameters and the prepared statement (memory.store's puts are the hottest writes here).
-    cursor = kept_cursor("memory-put")
-    cursor.execute("".join(parts), params)
+    # Each shape of the statement runs on a kept cursor of its own (storage.kept_cursor), and is
+    # the same str object each time: psycopg keeps a cursor's adaptation of the parameters (the
+    # dumper of each of some thirty) only while it is given the very query object it ran last, and
+    # otherwise finds them all again; a new cursor would look up the prepared statement again too.
+    role, sql = _statement(new, drop_entries, bool(entries))
+    cursor = kept_cursor(role)
+    cursor.execute(sql, params)
     written, namespace_exists = cursor.fetchone()
     if not namespace_exists:
         raise _NamespaceGone

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -236,23 +236,29 @@ def test_a_snapshot_sends_its_sealed_value_once_and_the_version_keeps_the_same_b
     assert sent.count(sealed.hex()) == 1
 
 
-def test_consecutive_puts_run_on_one_kept_cursor(django_capture_on_commit_callbacks: Any) -> None:
+def test_consecutive_puts_of_one_shape_run_on_one_kept_cursor_with_the_same_statement_object(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    # psycopg keeps a cursor's parameter adaptation only for the very query object it ran last.
     with django_capture_on_commit_callbacks(execute=True):
         put({"v": 1}, key="warm-up")  # the namespace, made and remembered once committed
-    cursors: list[Any] = []
+    sent: list[tuple[Any, str]] = []
 
     def record(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
         if "memory_itemversion" in sql:
-            cursors.append(context["cursor"])
+            sent.append((context["cursor"], sql))
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(record):
         put({"v": 1}, key="a")
         put({"v": 1}, key="b")
         put({"v": 2}, key="a")
+        put({"v": 2}, key="b")
 
-    assert len(cursors) == 3
-    assert cursors[0] is cursors[1] is cursors[2]
+    (new_a, new_sql_a), (new_b, new_sql_b), (next_a, next_sql_a), (next_b, next_sql_b) = sent
+    assert new_a is new_b and new_sql_a is new_sql_b
+    assert next_a is next_b and next_sql_a is next_sql_b
+    assert new_a is not next_a  # each shape keeps its own, so taking turns loses neither's
 
 
 def test_a_put_of_an_item_another_process_wrote_continues_its_chain() -> None:
@@ -292,6 +298,63 @@ def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again
     found = selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING)
     assert found is not None and found.value == {"v": "again"}
     assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 1
+
+
+def test_a_new_key_put_in_a_namespace_deleted_since_goes_to_the_namespace_made_again(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1})  # the namespace, made and remembered
+    Namespace.objects.filter(path=list(NS)).delete()  # by another process: this one still remembers it
+
+    written = put({"v": "new"}, key="never-seen")
+
+    assert (written.version, written.created) == (1, True)
+    item = Item.objects.get(key="never-seen")  # one, and in the namespace as it is now
+    assert item.namespace.path == list(NS)
+    assert selectors.verify_item(namespace=NS, key="never-seen", scope=EVERYTHING) == 1
+
+
+def _plan_of_next_put(value: Any, *, key: str) -> str:
+    """EXPLAIN ANALYZE of the statement the put of `value` sends (run, then rolled back)."""
+    sent: list[tuple[str, Any]] = []
+
+    def grab(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        if "memory_itemversion" in sql:
+            sent.append((sql, params))
+            raise _Stop
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(grab), pytest.raises(_Stop):
+        put(value, key=key)
+    ((sql, params),) = sent
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) " + sql, params)
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+        transaction.set_rollback(True)
+    return plan
+
+
+class _Stop(Exception):
+    pass
+
+
+def _namespace_reads(plan: str) -> list[str]:
+    lines = plan.splitlines()
+    return [line for line in lines if "on memory_namespace" in line and "never executed" not in line]
+
+
+def test_a_new_item_reads_its_namespace_once_and_an_update_does_not_read_it(
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):
+        put({"v": 1}, key="known")  # the namespace, made and remembered once committed
+
+    new = _plan_of_next_put({"v": 1}, key="new")
+    update = _plan_of_next_put({"v": 2}, key="known")
+
+    assert len(_namespace_reads(new)) == 1, new
+    assert "memory_item" in update and _namespace_reads(update) == [], update
 
 
 @pytest.mark.django_db(transaction=True)

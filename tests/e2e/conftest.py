@@ -17,6 +17,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from quicksave.roles import grant_role
+from tests.conftest import password_hash
 
 CHROMIUM = os.environ.get("QUICKSAVE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -126,7 +127,7 @@ def tab(request: Any, browser: Any, server_url: str) -> Iterator[Pages]:
 
 
 def make_person(username: str, role: str | None) -> User:
-    user = User.objects.create_user(username, password=PASSWORD)
+    user = User.objects.create(username=username, password=password_hash(PASSWORD))
     if role:
         grant_role(user=user, role=role)
     return user

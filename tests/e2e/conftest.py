@@ -56,9 +56,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
         os.environ.pop(ASYNC_UNSAFE, None)
 
 
-# Per module, not per session: while Playwright's sync API runs it keeps an event loop
-# running on the main thread, which would break the async tests collected after these.
-@pytest.fixture(scope="module")
+# Per package, not per session: while Playwright's sync API runs it keeps an event loop
+# running on the main thread, which would break the async tests collected after these. pytest
+# stops it when the run leaves tests/e2e/ (whose tests all run together, as transactional tests),
+# so one Chromium serves every module here; each test still gets a fresh context (`tab`).
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     if not os.access(CHROMIUM, os.X_OK):
         # A failure, not a skip: CI must not pass with the browser tests unrun.

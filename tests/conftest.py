@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.conf import settings
+from django.contrib.auth.hashers import make_password
 from django.contrib.auth.models import Permission, User
 from django.test import Client
 from rest_framework.test import APIClient
@@ -122,7 +125,7 @@ def anonymous_client() -> APIClient:
 
 @pytest.fixture
 def viewer(db: Any) -> User:
-    user = User.objects.create_user("vera", password="vera-password-1")
+    user = User.objects.create(username="vera", password=password_hash("vera-password-1"))
     user.user_permissions.add(Permission.objects.get(codename="view_thread"))
     return user
 
@@ -138,7 +141,7 @@ def viewer_client(viewer: User) -> APIClient:
 def stranger_client(db: Any) -> APIClient:
     """A signed-in person with no role at all."""
     client = APIClient()
-    client.force_authenticate(User.objects.create_user("sam", password="sam-password-1"))
+    client.force_authenticate(User.objects.create(username="sam", password=password_hash("sam-password-1")))
     return client
 
 
@@ -147,9 +150,24 @@ def thread(agent: Agent) -> Thread:
     return storage.create_thread(agent=agent, external_id="trip-1")[0]
 
 
+def password_hash(password: str) -> str:
+    """The hash of a test person's password, made by the configured hasher once per run and password.
+
+    Hashing costs about a second on a loaded machine and the suite names hundreds of people with a
+    handful of passwords; each still gets a real hash (with a salt shared by those of one password)
+    that sign-in checks in full.
+    """
+    return _hashed(password, settings.PASSWORD_HASHERS[0])
+
+
+@functools.cache
+def _hashed(password: str, hasher: str) -> str:
+    return make_password(password)
+
+
 def person(name: str, role: str | None) -> User:
-    """A named person with one role (or none): `person("vera", "viewer")`."""
-    user = User.objects.create_user(name, password=f"{name}-password-1")
+    """A named person with one role (or none): `person("vera", "viewer")`, password `vera-password-1`."""
+    user = User.objects.create(username=name, password=password_hash(f"{name}-password-1"))
     if role:
         grant_role(user=user, role=role)
     return User.objects.get(pk=user.pk)  # permissions are cached per instance

@@ -7,6 +7,7 @@ PRINCIPALS. A route that forgets its permission check makes at least one row fai
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import User
+from django.db import transaction
 from django.test import Client
 from rest_framework.test import APIClient
 
@@ -208,6 +210,9 @@ SOCKETS: list[tuple[str, tuple[str | int, ...]]] = [
 def _fast_passwords(settings: Any) -> None:
     # Named people get real passwords; hashing 230 of them properly would be most of the run.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # Every row looks its key up in the database, as it would with a key it had never seen: the
+    # world, and so its keys, is shared by the module's rows (see `world`).
+    settings.QUICKSAVE_KEY_CACHE_SECONDS = 0
 
 
 def _rows(table: list[Any]) -> list[Any]:
@@ -250,7 +255,8 @@ def build_world() -> World:
     dispatch.fan_out()
     delivery = Delivery.objects.get()
     runs.enqueue_run(thread=thread, checkpoint=head, reason="test")
-    run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}")
+    # Leased for longer than the module's rows take, which share one world.
+    run = runs.claim_run(agents=[agent], worker=f"key:{owner_key.prefix}", lease_seconds=3600)
     assert run is not None
     # A policy and a rule for another action than the world's approval, which stays any reviewer's to decide.
     maker = User.objects.create_user("policy-maker")
@@ -281,6 +287,19 @@ def build_world() -> World:
     )
 
 
+@pytest.fixture(scope="module")
+def world(django_db_setup: Any, django_db_blocker: Any) -> Iterator[World]:
+    """One world for all the rows of the module, as Django's TestCase.setUpTestData makes one per
+    class: built once in a transaction that each row's own (a savepoint in it) rolls back to, so
+    each row starts from the same world, and rolled back after the last row. Building it took most
+    of each row's time."""
+    with django_db_blocker.unblock(), transaction.atomic():
+        built = build_world()
+        with django_db_blocker.block():
+            yield built
+        transaction.set_rollback(True)
+
+
 def api_client(world: World, principal: str) -> APIClient:
     client = APIClient()
     if principal in world.keys:
@@ -301,8 +320,7 @@ def page_client(world: World, principal: str) -> Client:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("method", "path", "body", "principal", "expected"), _rows(API))
-def test_api(method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
-    world = build_world()
+def test_api(world: World, method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
     client = api_client(world, principal)
     response = client.generic(method, world.fill(path), **_json(world.fill(body)))
     assert response.status_code == expected, response.content[:300]
@@ -316,8 +334,7 @@ def _json(body: dict[str, Any] | None) -> dict[str, Any]:
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(("method", "path", "body", "principal", "expected"), _rows(PAGES))
-def test_page(method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
-    world = build_world()
+def test_page(world: World, method: str, path: str, body: dict[str, Any] | None, principal: str, expected: int) -> None:
     client = page_client(world, principal)
     url = world.fill(path)
     response = client.post(url, body or {}) if method == "POST" else client.get(url)
@@ -368,8 +385,7 @@ async def test_websocket(application: Any, path: str, principal: str, expected: 
 @pytest.mark.parametrize(
     "path", ["/api/v1/threads/", "/api/v1/approvals/", "/api/v1/memory/namespaces/", "/api/v1/memory/items/"]
 )
-def test_a_foreign_key_lists_none_of_the_owners_rows(path: str) -> None:
-    world = build_world()
+def test_a_foreign_key_lists_none_of_the_owners_rows(world: World, path: str) -> None:
     owner = api_client(world, OWNER).get(path).json()["results"]
     foreign = api_client(world, FOREIGN).get(path).json()["results"]
     assert owner and not foreign

@@ -13,10 +13,11 @@ from django.core.management.base import CommandError
 
 from audit.models import AuditEntry
 from quicksave.roles import grant_role, role_of
+from tests.conftest import password_hash
 
 
 def test_grantrole_replaces_the_previous_role(db: Any) -> None:
-    user = User.objects.create_user("rita", password="pw-12345678")
+    user = User.objects.create(username="rita", password=password_hash("pw-12345678"))
     call_command("grantrole", "rita", "reviewer", stdout=StringIO())
     assert role_of(user) == "reviewer"
     assert user.has_perm("checkpoints.decide_approval")
@@ -30,7 +31,7 @@ def test_grantrole_replaces_the_previous_role(db: Any) -> None:
 
 
 def test_admin_role_can_fork_and_write(db: Any) -> None:
-    user = User.objects.create_user("ada", password="pw-12345678")
+    user = User.objects.create(username="ada", password=password_hash("pw-12345678"))
     call_command("grantrole", "ada", "admin", stdout=StringIO())
     assert user.has_perm("checkpoints.fork_thread")
     assert user.has_perm("checkpoints.add_checkpoint")
@@ -50,7 +51,7 @@ def test_grantrole_refuses_a_name_no_user_can_have(db: Any, name: str) -> None:
 
 
 def test_grantrole_records_the_grant_and_the_previous_role_in_the_audit_trail(db: Any) -> None:
-    User.objects.create_user("rita", password="pw-12345678")
+    User.objects.create(username="rita", password=password_hash("pw-12345678"))
     call_command("grantrole", "rita", "reviewer", stdout=StringIO())
     call_command("grantrole", "rita", "admin", stdout=StringIO())
 
@@ -63,8 +64,8 @@ def test_grantrole_records_the_grant_and_the_previous_role_in_the_audit_trail(db
 
 
 def test_a_grant_by_a_person_names_them_and_their_address(db: Any) -> None:
-    admin = User.objects.create_user("ada", password="pw-12345678")
-    rita = User.objects.create_user("rita", password="pw-12345678")
+    admin = User.objects.create(username="ada", password=password_hash("pw-12345678"))
+    rita = User.objects.create(username="rita", password=password_hash("pw-12345678"))
 
     grant_role(user=rita, role="viewer", actor=admin, address="10.0.0.9")
 
@@ -73,7 +74,7 @@ def test_a_grant_by_a_person_names_them_and_their_address(db: Any) -> None:
 
 
 def test_an_unknown_role_is_refused_without_an_audit_entry(db: Any) -> None:
-    rita = User.objects.create_user("rita", password="pw-12345678")
+    rita = User.objects.create(username="rita", password=password_hash("pw-12345678"))
     with pytest.raises(ValueError, match="Unknown role 'owner'"):
         grant_role(user=rita, role="owner")
     assert not AuditEntry.objects.exists()

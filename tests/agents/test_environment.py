@@ -23,7 +23,7 @@ from quicksave_agents import runtime
 from quicksave_agents.keys import create_agent_key, get_or_create_agent
 from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, start_thread
 from quicksave_agents.worker import Worker
-from tests.conftest import person, signed_in
+from tests.conftest import password_hash, person, signed_in
 
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40
@@ -184,7 +184,7 @@ def test_an_sdk_agent_does_not_resume_a_fork_once_its_checkout_moved(
     server_url: str, repo: Path, tmp_path: Path
 ) -> None:
     agent = get_or_create_agent(name="sdk-deployer")
-    admin = User.objects.create_user("ada", password="pw-12345678", is_superuser=True)
+    admin = User.objects.create(username="ada", password=password_hash("pw-12345678"), is_superuser=True)
     config = tmp_path / "settings.toml"
     config.write_text("replicas = 2\n")
     with Client(server_url, create_agent_key(agent=agent)[1], timeout=15) as client:

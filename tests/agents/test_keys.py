@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from audit.models import AuditEntry
 from quicksave_agents.keys import revoke_agent_key
 from quicksave_agents.models import Agent, AgentKey
+from tests.conftest import password_hash
 
 
 def create_key(*args: str) -> tuple[str, str, str]:
@@ -164,7 +165,7 @@ def test_createagentkey_records_the_new_key_in_the_audit_trail_without_its_secre
 def test_revoking_a_key_is_audited_once_with_who_and_from_where(db: Any) -> None:
     key, _, _ = create_key("travel")
     row = AgentKey.objects.get(prefix=split_key(key)[0])
-    admin = User.objects.create_user("ada", password="pw-12345678")
+    admin = User.objects.create(username="ada", password=password_hash("pw-12345678"))
 
     revoke_agent_key(key=row, actor=admin, address="10.0.0.9")
     revoke_agent_key(key=row, actor=admin, address="10.0.0.9")  # already revoked: nothing changes

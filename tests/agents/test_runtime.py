@@ -19,6 +19,7 @@ from quicksave_agents.demo import CodeReviewAgent, MigrationAgent, TravelAgent
 from quicksave_agents.models import Run, RunStatus
 from quicksave_agents.runtime import Agent, Context, Continue, Done, StepResult, start_thread
 from quicksave_agents.worker import Worker
+from tests.conftest import password_hash
 
 
 @pytest.fixture
@@ -34,7 +35,7 @@ def effects(ledger: Path) -> list[str]:
 
 @pytest.fixture
 def reviewer(db: Any) -> User:
-    user = User.objects.create_user("rita", password="pw-12345678")
+    user = User.objects.create(username="rita", password=password_hash("pw-12345678"))
     grant_role(user=user, role="reviewer")
     return user
 
@@ -181,7 +182,9 @@ class _Counter(Agent):
         if ctx.state["n"] == 3:
             from checkpoints.forks import cancel
 
-            admin = User.objects.create_superuser("ada-cancel", password="pw-12345678")
+            admin = User.objects.create(
+                username="ada-cancel", password=password_hash("pw-12345678"), is_staff=True, is_superuser=True
+            )
             cancel(thread=ctx.thread, user=admin, reason="wrong customer")
         return Continue(f"count {ctx.state['n']}") if ctx.state["n"] < 10 else Done("counted")
 

@@ -16,14 +16,14 @@ from checkpoints import forks, storage
 from checkpoints.models import Thread
 from quicksave.roles import grant_role
 from quicksave_agents.models import Agent
-from tests.conftest import person, signed_in
+from tests.conftest import password_hash, person, signed_in
 
 
 @pytest.fixture
 def decided(thread: Thread) -> AuditEntry:
     checkpoint = storage.append_checkpoint(thread=thread, parent=None, state={"a": 1})
     approval = request_approval(thread=thread, checkpoint=checkpoint, action="deploy", args={"env": "prod"})
-    reviewer = User.objects.create_user("rita", password="pw-12345678")
+    reviewer = User.objects.create(username="rita", password=password_hash("pw-12345678"))
     grant_role(user=reviewer, role="reviewer")
     decide(approval=approval, user=reviewer, decision="reject", comment="not on a Friday", address="10.0.0.7")
     return AuditEntry.objects.get(action="approval.reject")
@@ -75,7 +75,11 @@ def test_deleting_the_thread_shreds_the_secrets_its_audit_entries_hold(thread: T
     decision = AuditEntry.objects.get(action="approval.approve")
     fork = AuditEntry.objects.get(action="thread.fork")
     root = Client()
-    root.force_login(User.objects.create_superuser("root", password="root-password-1"))
+    root.force_login(
+        User.objects.create(
+            username="root", password=password_hash("root-password-1"), is_staff=True, is_superuser=True
+        )
+    )
 
     # While the thread lives, the page and the admin show the values; the rows hold none of them.
     assert SECRETS[0] in signed_in(ada).get("/audit/").content.decode()

@@ -16,7 +16,7 @@ from quicksave_agents.auth import AgentPrincipal
 from quicksave_agents.keys import create_agent_key, find_agent_key
 from quicksave_agents.models import Agent
 from tests.approvals.factories import waiting
-from tests.conftest import person
+from tests.conftest import password_hash, person
 
 pytestmark = pytest.mark.django_db
 
@@ -33,7 +33,7 @@ def test_each_caller_gets_the_rows_of_the_threads_it_may_read(agent: Agent) -> N
     callers: list[tuple[Any, set[ApprovalRequest]]] = [
         (person("vera", "viewer"), {travel, review}),
         (key_of(agent), {travel}),
-        (User.objects.create_user("sam", password="sam-password-1"), set()),  # no role
+        (User.objects.create(username="sam", password=password_hash("sam-password-1")), set()),  # no role
         (AnonymousUser(), set()),
     ]
 

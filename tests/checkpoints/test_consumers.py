@@ -16,7 +16,7 @@ from checkpoints.models import Checkpoint
 from quicksave.roles import grant_role
 from quicksave_agents.auth import AgentPrincipal
 from quicksave_agents.keys import create_agent_key, find_agent_key, get_or_create_agent
-from tests.conftest import handshake
+from tests.conftest import handshake, password_hash
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.asyncio]
 
@@ -49,7 +49,7 @@ def application() -> Any:
 
 
 def _viewer() -> User:
-    user = User.objects.create_user("vera", password="pw-12345678")
+    user = User.objects.create(username="vera", password=password_hash("pw-12345678"))
     grant_role(user=user, role="viewer")
     return User.objects.get(pk=user.pk)
 
@@ -76,7 +76,7 @@ def _principal(who: str, *, agent: str) -> Any:
     if who == "anonymous":
         return AnonymousUser()
     if who == "stranger":
-        return User.objects.create_user("sam", password="pw-12345678")
+        return User.objects.create(username="sam", password=password_hash("pw-12345678"))
     _, raw = create_agent_key(agent=get_or_create_agent(name=agent))
     key = find_agent_key(raw)
     assert key is not None
@@ -234,7 +234,7 @@ async def test_the_inbox_syncs_pending_approvals_then_streams_decisions(applicat
     assert (requested["type"], requested["data"]["approval"]) == ("approval.requested", str(second.pk))
 
     def decide_first() -> None:
-        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        reviewer = User.objects.create(username="rita", password=password_hash("pw-12345678"))
         grant_role(user=reviewer, role="reviewer")
         decide(approval=first, user=User.objects.get(pk=reviewer.pk), decision="approve")
 
@@ -281,7 +281,7 @@ async def test_the_inboxs_last_events_lost_on_the_way_arrive_as_a_fresh_sync(app
     assert await communicator.receive_nothing(timeout=0.5)  # in step again: no repeat at the next rounds
 
     def decide_it() -> None:
-        reviewer = User.objects.create_user("rita", password="pw-12345678")
+        reviewer = User.objects.create(username="rita", password=password_hash("pw-12345678"))
         grant_role(user=reviewer, role="reviewer")
         decide(approval=requested, user=User.objects.get(pk=reviewer.pk), decision="approve")
 

@@ -17,6 +17,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from quicksave.roles import grant_role
+from tests.conftest import password_hash
 
 CHROMIUM = os.environ.get("QUICKSAVE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,9 +56,11 @@ def pytest_runtest_teardown(item: pytest.Item) -> Generator[None, None, None]:
         os.environ.pop(ASYNC_UNSAFE, None)
 
 
-# Per module, not per session: while Playwright's sync API runs it keeps an event loop
-# running on the main thread, which would break the async tests collected after these.
-@pytest.fixture(scope="module")
+# Per package, not per session: while Playwright's sync API runs it keeps an event loop
+# running on the main thread, which would break the async tests collected after these. pytest
+# stops it when the run leaves tests/e2e/ (whose tests all run together, as transactional tests),
+# so one Chromium serves every module here; each test still gets a fresh context (`tab`).
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Any]:
     if not os.access(CHROMIUM, os.X_OK):
         # A failure, not a skip: CI must not pass with the browser tests unrun.
@@ -126,7 +129,7 @@ def tab(request: Any, browser: Any, server_url: str) -> Iterator[Pages]:
 
 
 def make_person(username: str, role: str | None) -> User:
-    user = User.objects.create_user(username, password=PASSWORD)
+    user = User.objects.create(username=username, password=password_hash(PASSWORD))
     if role:
         grant_role(user=user, role=role)
     return user

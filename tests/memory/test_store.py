@@ -284,12 +284,16 @@ def test_a_deleted_item_another_process_wrote_is_put_again_as_its_next_version()
     assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 3
 
 
-def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again(
-    django_capture_on_commit_callbacks: Any,
-) -> None:
+@pytest.fixture
+def namespace_deleted_since(django_capture_on_commit_callbacks: Any) -> None:
+    """NS made and remembered by this process, then deleted by another (this one still remembers it)."""
     with django_capture_on_commit_callbacks(execute=True):
-        put({"v": 1})  # the namespace, made and remembered
-    Namespace.objects.filter(path=list(NS)).delete()  # by another process: this one still remembers it
+        put({"v": 1})
+    Namespace.objects.filter(path=list(NS)).delete()
+
+
+@pytest.mark.usefixtures("namespace_deleted_since")
+def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again() -> None:
     assert selectors.get_item(namespace=NS, key="prefs", scope=EVERYTHING) is None
 
     again = put({"v": "again"})
@@ -300,13 +304,8 @@ def test_a_write_to_a_namespace_deleted_since_this_process_saw_it_makes_it_again
     assert selectors.verify_item(namespace=NS, key="prefs", scope=EVERYTHING) == 1
 
 
-def test_a_new_key_put_in_a_namespace_deleted_since_goes_to_the_namespace_made_again(
-    django_capture_on_commit_callbacks: Any,
-) -> None:
-    with django_capture_on_commit_callbacks(execute=True):
-        put({"v": 1})  # the namespace, made and remembered
-    Namespace.objects.filter(path=list(NS)).delete()  # by another process: this one still remembers it
-
+@pytest.mark.usefixtures("namespace_deleted_since")
+def test_a_new_key_put_in_a_namespace_deleted_since_goes_to_the_namespace_made_again() -> None:
     written = put({"v": "new"}, key="never-seen")
 
     assert (written.version, written.created) == (1, True)

@@ -165,16 +165,18 @@ def test_at_laptop_widths_a_staff_admins_header_fits_the_window(browser: Any, se
     ada.is_staff = True
     ada.save(update_fields=["is_staff"])
     context = browser.new_context(viewport={"width": width, "height": 800})
-    laptop = Pages(context.new_page(), server_url, f"laptop-{width}")
-    laptop.login("ada")
-    laptop.goto("/")
+    try:
+        laptop = Pages(context.new_page(), server_url, f"laptop-{width}")
+        laptop.login("ada")
+        laptop.goto("/")
 
-    nav_links = laptop.page.locator("nav.nav a")
-    assert nav_links.last.inner_text() == "Django admin"
-    assert laptop.page.evaluate("document.scrollingElement.scrollWidth") <= width, laptop.page.evaluate(WIDEST)
-    # Every link and the sign-out button on one line of text.
-    heights = laptop.page.evaluate("""() => [...document.querySelectorAll('nav.nav a, .user button')]
-        .map((element) => element.getClientRects().length === 1 && element.getBoundingClientRect().height < 48)""")
-    assert all(heights), laptop.shot("header wraps")
-    context.close()
-    assert laptop.errors == []
+        nav_links = laptop.page.locator("nav.nav a")
+        assert nav_links.last.inner_text() == "Django admin"
+        assert laptop.page.evaluate("document.scrollingElement.scrollWidth") <= width, laptop.page.evaluate(WIDEST)
+        # Every link and the sign-out button on one line of text.
+        heights = laptop.page.evaluate("""() => [...document.querySelectorAll('nav.nav a, .user button')]
+            .map((element) => element.getClientRects().length === 1 && element.getBoundingClientRect().height < 48)""")
+        assert all(heights), laptop.shot("header wraps")
+        assert laptop.errors == []
+    finally:
+        context.close()
